@@ -1,0 +1,67 @@
+"""The package's exception hierarchy: every failure a user can meet derives from PrecomputedError.
+
+Each class also derives from the builtin a caller would naturally catch (ValueError, OSError,
+KeyError, IndexError, ImportError), so generic handlers keep working.
+"""
+
+
+class PrecomputedError(Exception):
+    """Base class of every error raised by xarray-precomputed."""
+
+
+class InfoError(PrecomputedError, ValueError):
+    """The `info` document is malformed or violates a format rule; names the field and scale."""
+
+    def __init__(self, message: str, *, field: str | None = None, scale: str | int | None = None):
+        where = []
+        if scale is not None:
+            where.append(f"scale {scale!r}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = f"info {' '.join(where)}: " if where else "info: "
+        super().__init__(prefix + message)
+        self.field = field
+        self.scale = scale
+
+
+class StorageError(PrecomputedError, OSError):
+    """Reading from storage failed for a reason other than the key being absent."""
+
+    def __init__(self, message: str, *, url: str | None = None):
+        super().__init__(f"{url}: {message}" if url else message)
+        self.url = url
+
+
+class PermissionDeniedError(StorageError, PermissionError):
+    """The store refused access (HTTP 401/403, EACCES); never read as missing data."""
+
+
+class ChunkError(PrecomputedError):
+    """Something is wrong with one chunk; `chunk` names it (grid cell, key, shard file / id)."""
+
+    def __init__(self, message: str, *, chunk: str | None = None):
+        super().__init__(f"chunk {chunk}: {message}" if chunk else message)
+        self.chunk = chunk
+
+
+class MissingChunkError(ChunkError, KeyError):
+    """A chunk is absent and the reader was opened with fill_missing=False."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return Exception.__str__(self)
+
+
+class CorruptChunkError(ChunkError, ValueError):
+    """A chunk's bytes cannot be decoded (wrong length, corrupt encoding, decompression bomb)."""
+
+
+class ShardFormatError(ChunkError, ValueError):
+    """A shard or minishard index is malformed (bad length, offsets outside the file)."""
+
+
+class BoundsError(PrecomputedError, IndexError):
+    """A requested box or index lies outside the scale's voxel bounds."""
+
+
+class CodecUnavailableError(PrecomputedError, ImportError):
+    """An encoding needs an optional dependency that is not installed; says how to install it."""

@@ -1,0 +1,325 @@
+"""The volume reader: a box or an outer selection of one scale -> grid cells -> stored bytes ->
+decoded voxels in one C-ordered XYZC numpy array.
+
+Indices here are 0-based array indices (voxel coordinate minus the scale's voxel_offset).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .codecs import get_decoder
+from .errors import BoundsError, MissingChunkError, PrecomputedError, StorageError
+from .info import ScaleInfo, VolumeInfo, parse_info
+from .morton import chunk_key, compressed_morton
+from .sharding import ShardReader, chunk_location, group_by_shard
+from .storage import Store, open_store, store_options_key, strip_scheme_prefix
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """One I/O + decode pool per process (re-made after a fork)."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 2)),
+                                       thread_name_prefix="xarray-precomputed")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+class Volume:
+    """A precomputed volume: its parsed `info` and access to each scale."""
+
+    def __init__(self, url: str, info: VolumeInfo, *, storage_options: dict | None = None,
+                 fill_missing: bool = True):
+        self.url = strip_scheme_prefix(url)
+        self.info = info
+        self.storage_options = dict(storage_options or {})
+        self.fill_missing = fill_missing
+
+    @classmethod
+    def open(cls, url: str, *, storage_options: dict | None = None, fill_missing: bool = True,
+             info: Any = None) -> "Volume":
+        """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file."""
+        url = strip_scheme_prefix(str(url))
+        if info is None:
+            store = open_store(url, storage_options)
+            text = store.read("info")
+            if text is None:
+                raise StorageError("no 'info' file: not a precomputed volume", url=store.describe("info"))
+            info = text
+        parsed = info if isinstance(info, VolumeInfo) else parse_info(info)
+        return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing)
+
+    @property
+    def scales(self) -> tuple[ScaleInfo, ...]:
+        return self.info.scales
+
+    def scale(self, which: int | str | Sequence[float] = 0, *, chunk_size_index: int = 0) -> "ScaleReader":
+        s = self.info.find_scale(which)
+        return ScaleReader(self.url, self.info, s, storage_options=self.storage_options,
+                           fill_missing=self.fill_missing, chunk_size_index=chunk_size_index)
+
+    def __repr__(self) -> str:
+        return (f"<Volume {self.url!r} {self.info.type} {self.info.data_type} "
+                f"x{self.info.num_channels}, {len(self.info.scales)} scales>")
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cached(text: str) -> VolumeInfo:
+    return parse_info(text)
+
+
+def _restore_reader(url, options_json, info_text, scale_index, chunk_size_index, fill_missing):
+    import json
+
+    info = _parse_cached(info_text)
+    return ScaleReader(url, info, info.scales[scale_index], storage_options=json.loads(options_json),
+                       fill_missing=fill_missing, chunk_size_index=chunk_size_index)
+
+
+@dataclass(frozen=True)
+class _AxisPart:
+    """The part of one axis' selection that falls in one grid cell."""
+    cell: int
+    dest: slice | np.ndarray   # positions in the output
+    local: slice | np.ndarray  # positions inside the chunk
+
+
+def _axis_parts(idx: slice | np.ndarray, chunk: int) -> list[_AxisPart]:
+    if isinstance(idx, slice):
+        start, stop = idx.start, idx.stop
+        parts = []
+        for g in range(start // chunk, -(-stop // chunk)):
+            lo, hi = max(start, g * chunk), min(stop, (g + 1) * chunk)
+            parts.append(_AxisPart(g, slice(lo - start, hi - start), slice(lo - g * chunk, hi - g * chunk)))
+        return parts
+    cells = idx // chunk
+    parts = []
+    for g in np.unique(cells).tolist():
+        pos = np.nonzero(cells == g)[0]
+        local = idx[pos] - g * chunk
+        if len(pos) == pos[-1] - pos[0] + 1 and np.all(np.diff(local) == 1):
+            parts.append(_AxisPart(g, slice(int(pos[0]), int(pos[-1]) + 1),
+                                   slice(int(local[0]), int(local[-1]) + 1)))
+        else:
+            parts.append(_AxisPart(g, pos, local))
+    return parts
+
+
+def _bounds(local: slice | np.ndarray) -> tuple[int, int]:
+    if isinstance(local, slice):
+        return local.start, local.stop
+    return int(local.min()), int(local.max()) + 1
+
+
+class ScaleReader:
+    """Reads boxes and outer selections of one scale. Small and picklable: it carries the URL and
+    the info text; stores and shard indices are per-process caches found again after unpickling."""
+
+    def __init__(self, url: str, info: VolumeInfo, scale: ScaleInfo, *,
+                 storage_options: dict | None = None, fill_missing: bool = True,
+                 chunk_size_index: int = 0):
+        self.url = url
+        self.info = info
+        self.scale_info = scale
+        self.storage_options = dict(storage_options or {})
+        self.fill_missing = fill_missing
+        if not 0 <= chunk_size_index < len(scale.chunk_sizes):
+            raise PrecomputedError(f"chunk_size_index {chunk_size_index} out of range: scale "
+                                   f"{scale.key!r} has {len(scale.chunk_sizes)} chunk sizes")
+        self.chunk_size_index = chunk_size_index
+        self.chunk_size: tuple[int, int, int] = scale.chunk_sizes[chunk_size_index]
+        self.grid_shape = scale.grid_shape(chunk_size_index)
+        self.dtype = np.dtype(info.data_type)  # native byte order for results
+        self.shape = (*scale.size, info.num_channels)
+        self._decode = get_decoder(scale.encoding)
+
+    # -- pickling: small, and caches are found again in the receiving process
+    def __reduce__(self):
+        import json
+
+        return (_restore_reader, (self.url, store_options_key(self.storage_options),
+                                  json.dumps(self.info.to_json(), sort_keys=True),
+                                  self.scale_info.index, self.chunk_size_index, self.fill_missing))
+
+    @property
+    def store(self) -> Store:
+        return open_store(self.url, self.storage_options)
+
+    @functools.cached_property
+    def _shards(self) -> ShardReader:
+        s = self.scale_info
+        voxels = math.prod(self.chunk_size) * self.info.num_channels
+        return ShardReader(self.store, s.path, s.sharding, max_chunk_bytes=self._max_stored_bytes(),
+                           max_chunks=math.prod(self.grid_shape))
+
+    def _max_stored_bytes(self) -> int:
+        # compressed_segmentation can exceed the raw size (headers, tables): bound it generously.
+        voxels = math.prod(self.chunk_size) * self.info.num_channels
+        return 16 * voxels + (1 << 20)
+
+    def __repr__(self) -> str:
+        return f"<ScaleReader {self.url!r} scale {self.scale_info.key!r} shape {self.shape}>"
+
+    # -- public reads
+    def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
+        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as a C-ordered
+        (X, Y, Z, C) array. None reads the whole scale."""
+        box = tuple(box) if box is not None else (slice(None),) * 3
+        if len(box) != 3:
+            raise BoundsError(f"a box has 3 slices (x, y, z), got {len(box)}")
+        sel = []
+        for axis, (sl, n) in enumerate(zip(box, self.scale_info.size)):
+            if not isinstance(sl, slice) or sl.step not in (None, 1):
+                raise BoundsError(f"axis {'xyz'[axis]}: read() takes slices with step 1, got {sl!r}; "
+                                  "use read_outer for strided or listed indices")
+            start = 0 if sl.start is None else int(sl.start)
+            stop = n if sl.stop is None else int(sl.stop)
+            if not 0 <= start <= stop <= n:
+                raise BoundsError(f"axis {'xyz'[axis]}: [{start}, {stop}) is outside [0, {n}) "
+                                  f"of scale {self.scale_info.key!r}")
+            sel.append(slice(start, stop))
+        return self._read(sel)
+
+    def read_outer(self, ix, iy, iz) -> np.ndarray:
+        """The outer product of three index selections (each a slice, possibly strided, or a 1-D
+        array of non-negative indices) of every channel, as a C-ordered (X, Y, Z, C) array."""
+        sel = []
+        for axis, (idx, n) in enumerate(zip((ix, iy, iz), self.scale_info.size)):
+            name = "xyz"[axis]
+            if isinstance(idx, slice):
+                start, stop, step = idx.indices(n)
+                if step == 1:
+                    sel.append(slice(start, max(start, stop)))
+                    continue
+                idx = np.arange(start, stop, step)
+            arr = np.asarray(idx)
+            if arr.ndim == 0:
+                arr = arr.reshape(1)
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise BoundsError(f"axis {name}: indices must be a 1-D integer array, got {idx!r}")
+            arr = arr.astype(np.int64)
+            if arr.size and (arr.min() < 0 or arr.max() >= n):
+                raise BoundsError(f"axis {name}: indices outside [0, {n}) of scale "
+                                  f"{self.scale_info.key!r}: min {arr.min()}, max {arr.max()}")
+            sel.append(arr)
+        return self._read(sel)
+
+    # -- the machinery
+    def _cell_shape(self, cell) -> tuple[int, int, int]:
+        return tuple(min(c, n - g * c) for g, c, n in zip(cell, self.chunk_size, self.scale_info.size))  # type: ignore[return-value]
+
+    def _describe_unsharded(self, cell) -> str:
+        key = self._unsharded_key(cell)
+        return f"grid cell {tuple(int(g) for g in cell)} ({self.store.describe(key)})"
+
+    def _unsharded_key(self, cell) -> str:
+        s = self.scale_info
+        name = chunk_key(cell, self.chunk_size, s.size, s.voxel_offset)
+        return f"{s.path}/{name}" if s.path else name
+
+    def _read(self, sel: list) -> np.ndarray:
+        out_shape = tuple((s.stop - s.start) if isinstance(s, slice) else len(s) for s in sel)
+        out = np.zeros((*out_shape, self.info.num_channels), dtype=self.dtype)
+        if out.size == 0:
+            return out
+        parts = [_axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
+        jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
+        cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
+        self._fetch_and_decode(cells, jobs, out)
+        return out
+
+    def _place(self, data: bytes, cell, job, out: np.ndarray, describe: str) -> None:
+        shape = self._cell_shape(cell)
+        kw = dict(chunk_shape=shape, scale=self.scale_info, dtype=self.info.dtype,
+                  num_channels=self.info.num_channels, chunk=describe)
+        if all(isinstance(p.dest, slice) for p in job):
+            view = out[job[0].dest, job[1].dest, job[2].dest]
+            self._decode(data, view, origin=tuple(p.local.start for p in job), **kw)
+            return
+        lo_hi = [_bounds(p.local) for p in job]
+        tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)
+        self._decode(data, tmp, origin=tuple(lo for lo, _ in lo_hi), **kw)
+        src_idx, dst_idx = [], []
+        for p, (lo, _) in zip(job, lo_hi):
+            local = p.local
+            src_idx.append(np.arange(local.start, local.stop) - lo if isinstance(local, slice) else local - lo)
+            dest = p.dest
+            dst_idx.append(np.arange(dest.start, dest.stop) if isinstance(dest, slice) else dest)
+        out[np.ix_(*dst_idx)] = tmp[np.ix_(*src_idx)]
+
+    def _missing(self, describe: str) -> None:
+        if not self.fill_missing:
+            raise MissingChunkError("is missing (fill_missing=False)", chunk=describe)
+
+    def _fetch_and_decode(self, cells: np.ndarray, jobs: list, out: np.ndarray) -> None:
+        sharded = self.scale_info.sharding is not None
+        if sharded:
+            ids = compressed_morton(cells, self.grid_shape)
+            shards, minis = chunk_location(ids, self.scale_info.sharding)
+            reader = self._shards
+
+            def describer(shard, members):
+                return lambda j: (f"grid cell {tuple(int(g) for g in cells[members[j]])} "
+                                  f"id {int(ids[members[j]])} in {reader.shard_name(shard)}")
+
+            def fetch(shard, members):
+                data = reader.read_chunks(shard, ids[members], minis[members], describer(shard, members))
+                d = describer(shard, members)
+                return [(int(m), blob, d(j)) for j, (m, blob) in enumerate(zip(members.tolist(), data))]
+
+            groups = list(group_by_shard(shards))
+        else:
+            def fetch(_, members):
+                i = int(members[0])
+                blob = self.store.read(self._unsharded_key(cells[i]))
+                return [(i, blob, None)]
+
+            groups = [(None, np.array([i])) for i in range(len(cells))]
+
+        def finish(results):
+            for i, blob, d in results:
+                d = d or self._describe_unsharded(cells[i])
+                if blob is None:
+                    self._missing(d)
+                else:
+                    self._place(blob, cells[i], jobs[i], out, d)
+
+        if len(groups) == 1:
+            finish(fetch(*groups[0]))
+            return
+        pool = _executor()
+        fetches = [pool.submit(fetch, g, m) for g, m in groups]
+        decodes: list[Future] = []
+        try:
+            for f in fetches:
+                results = f.result()
+                if len(results) == 1:
+                    decodes.append(pool.submit(finish, results))
+                else:
+                    decodes.extend(pool.submit(finish, [r]) for r in results)
+            done, _ = wait(decodes, return_when=FIRST_EXCEPTION)
+            for f in done:
+                f.result()
+            for f in decodes:
+                f.result()
+        finally:
+            for f in fetches + decodes:
+                f.cancel()
+
+
+def open_volume(url: str, **kwargs) -> Volume:
+    return Volume.open(url, **kwargs)
