@@ -1,0 +1,108 @@
+"""Storage layer: local and HTTP stores, byte ranges, missing vs refused, servers without Range."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import oracle
+from httpserver import serve
+from xarray_precomputed import Volume
+from xarray_precomputed.errors import (MissingChunkError, PermissionDeniedError, PrecomputedError,
+                                       StorageError)
+from xarray_precomputed.storage import LocalStore, coalesce, open_store, strip_scheme_prefix
+
+SHARDING = {"preshift_bits": 1, "hash": "murmurhash3_x86_128", "minishard_bits": 2,
+            "shard_bits": 2, "minishard_index_encoding": "gzip", "data_encoding": "gzip"}
+
+
+@pytest.fixture(scope="module")
+def volumes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http")
+    data = oracle.make_data((37, 20, 9, 2), np.uint16, seed=3)
+    oracle.write_volume(root / "plain", data, chunk_size=(8, 8, 4), voxel_offset=(-3, 5, 2))
+    labels = oracle.make_data((40, 24, 18, 1), np.uint64, seed=4, labels=True)
+    oracle.write_volume(root / "sharded", labels, chunk_size=(8, 8, 4), encoding="compressed_segmentation",
+                        sharding=SHARDING, block_size=(4, 4, 2))
+    return root, {"plain": data, "sharded": labels}
+
+
+def test_coalesce_merges_close_ranges_and_maps_each_back():
+    ranges = [(100, 110), (0, 10), (12, 20), (5000, 5010), (105, 120)]
+    merged, owner = coalesce(ranges, gap=8)
+    assert merged == [(0, 20), (100, 120), (5000, 5010)]
+    assert owner == [1, 0, 0, 2, 1]
+
+
+def test_local_store_reads_whole_keys_ranges_and_reports_missing(tmp_path):
+    (tmp_path / "a").write_bytes(bytes(range(200)))
+    st = LocalStore(str(tmp_path))
+    assert st.read("a") == bytes(range(200))
+    assert st.read("nope") is None
+    assert st.read("a/b") is None  # a path through a file is missing, not an error
+    got = st.read_ranges("a", [(10, 20), (0, 3), (190, 250)])
+    assert got == [bytes(range(10, 20)), bytes(range(3)), bytes(range(190, 200))]
+    assert st.read_ranges("nope", [(0, 1)]) is None
+
+
+def test_url_forms_resolve_to_the_same_store(volumes):
+    root, _ = volumes
+    p = str(root / "plain")
+    assert strip_scheme_prefix("precomputed://" + p) == p
+    a = Volume.open("precomputed://" + p).scale(0).read()
+    b = Volume.open("file://" + p).scale(0).read()
+    assert np.array_equal(a, b)
+    assert open_store(p).url == os.path.abspath(p)
+
+
+@pytest.mark.parametrize("name", ["plain", "sharded"])
+@pytest.mark.parametrize("ignore_range", [False, True], ids=["range", "no-range-server"])
+def test_http_reads_equal_tensorstore(volumes, name, ignore_range):
+    root, truth = volumes
+    with serve(str(root), ignore_range=ignore_range) as (base, srv):
+        got = Volume.open(f"precomputed://{base}/{name}").scale(0).read()
+        assert np.array_equal(got, truth[name])
+        sub = Volume.open(f"{base}/{name}").scale(0).read((slice(5, 30), slice(3, 17), slice(1, 8)))
+        assert np.array_equal(sub, truth[name][5:30, 3:17, 1:8])
+        if name == "sharded" and not ignore_range:
+            assert any(r[2] for r in srv.requests), "sharded reads must use byte ranges"
+
+
+def test_http_missing_chunk_fills_or_raises(volumes):
+    root, truth = volumes
+    with serve(str(root), refuse={r"plain/.*/5-13_13-21_2-6$": 404}) as (base, _):
+        got = Volume.open(f"{base}/plain").scale(0).read()
+        expect = truth["plain"].copy()
+        expect[8:16, 8:16, 0:4] = 0
+        assert np.array_equal(got, expect)
+        with pytest.raises(MissingChunkError, match="5-13_13-21_2-6"):
+            Volume.open(f"{base}/plain", fill_missing=False).scale(0).read()
+
+
+@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("target", [r"plain/.*/5-13_13-21_2-6$", r"sharded/.*\.shard$"])
+def test_http_refusal_is_an_error_never_zeros(volumes, status, target):
+    root, _ = volumes
+    name = target.split("/")[0]
+    with serve(str(root), refuse={target: status}) as (base, _):
+        with pytest.raises(PermissionDeniedError) as e:
+            Volume.open(f"{base}/{name}").scale(0).read()
+        assert isinstance(e.value, PrecomputedError) and base in str(e.value)
+
+
+def test_http_server_error_is_a_storage_error(volumes):
+    root, _ = volumes
+    with serve(str(root), refuse={r"plain/.*/5-13_13-21_2-6$": 500}) as (base, _):
+        with pytest.raises(StorageError, match="5-13_13-21_2-6"):
+            Volume.open(f"{base}/plain").scale(0).read()
+
+
+def test_missing_info_is_a_clear_error(tmp_path, volumes):
+    with pytest.raises(StorageError, match="info"):
+        Volume.open(str(tmp_path / "absent"))
+    root, _ = volumes
+    with serve(str(root)) as (base, _):
+        with pytest.raises(StorageError, match="info"):
+            Volume.open(f"{base}/absent")
