@@ -10,6 +10,12 @@ setup(
             sources=["src/xarray_precomputed/_native.c"],
             include_dirs=[numpy.get_include()],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
-        )
+        ),
+        Extension(
+            "xarray_precomputed._layout",
+            sources=["src/xarray_precomputed/_layout.c"],
+            include_dirs=[numpy.get_include()],
+            extra_compile_args=["-O3", "-std=c99", "-Wall"],
+        ),
     ]
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -184,6 +184,9 @@ minishard_cache = LRUCache(256 << 20)
 _layout_cache = LRUCache(16 << 20)
 _ABSENT = "absent"
 WHOLE_SHARD_INDEX_BYTES = 1 << 16
+# Index fetches in this process ("shard_index", "minishard_index"): W4 checks each worker fetches
+# every index once.
+index_fetches: Counter = Counter()
 
 
 class ShardReader:
@@ -256,6 +259,7 @@ class ShardReader:
         ck = self._cache_key("index", shard)
         hit = minishard_cache.get(ck)
         if hit is None:
+            index_fetches["shard_index"] += 1
             got = self._read_file_ranges(shard, [(0, self.index_end)])
             if got is None:
                 return None
@@ -286,6 +290,7 @@ class ShardReader:
             mi = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         else:
             a, b = self.index_end + start, self.index_end + end
+            index_fetches["minishard_index"] += 1
             raw = self._read_file_ranges(shard, [(a, b)])
             if raw is None:
                 return None

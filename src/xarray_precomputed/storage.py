@@ -12,11 +12,15 @@ import errno
 import json
 import os
 import threading
+from collections import Counter
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 from urllib.parse import unquote, urlparse
 
 from .errors import PermissionDeniedError, StorageError
+
+# Requests sent to storage in this process, by kind: benchmarks and tests read these.
+request_counts: Counter = Counter()
 
 # Ranges closer than this are fetched as one request and split afterwards.
 LOCAL_COALESCE_GAP = 1 << 16
@@ -89,6 +93,7 @@ class LocalStore(Store):
         return cls(f"{e.strerror or e}", url=self.describe(key))
 
     def read(self, key: str) -> bytes | None:
+        request_counts["read"] += 1
         try:
             with open(self._path(key), "rb") as f:
                 return f.read()
@@ -108,6 +113,7 @@ class LocalStore(Store):
             raise self._fail(key, e) from e
         try:
             merged, owner = coalesce(ranges, LOCAL_COALESCE_GAP)
+            request_counts["range"] += len(merged)
             blobs = [self._pread(fd, s, e) for s, e in merged]
         except OSError as e:
             raise self._fail(key, e) from e
@@ -169,6 +175,7 @@ class FsspecStore(Store):
         return StorageError(f"{type(e).__name__}: {e}", url=self.describe(key))
 
     def read(self, key: str) -> bytes | None:
+        request_counts["read"] += 1
         try:
             return self.fs.cat_file(self._path(key))
         except FileNotFoundError:
@@ -178,6 +185,7 @@ class FsspecStore(Store):
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
+        request_counts["range"] += len(merged)
         path = self._path(key)
         try:
             blobs = self.fs.cat_ranges([path] * len(merged), [s for s, _ in merged],

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
+from .._layout import copy_fortran_chunk
 from ..errors import CorruptChunkError
+
+# The C copy moves bytes as they are stored (little-endian); elsewhere numpy converts.
+_NATIVE_LITTLE = sys.byteorder == "little"
 
 
 def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
@@ -15,8 +20,10 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
         raise CorruptChunkError(
             f"raw chunk is {len(data)} bytes, expected {expected} for shape "
             f"{list(chunk_shape)} x {num_channels} channel(s) of {dtype.name}", chunk=chunk)
-    src = np.frombuffer(data, dtype=dtype).reshape(
-        (*chunk_shape, num_channels), order="F")
+    if _NATIVE_LITTLE and out.dtype.itemsize == dtype.itemsize:
+        copy_fortran_chunk(data, out, tuple(chunk_shape), tuple(origin))
+        return
+    src = np.frombuffer(data, dtype=dtype).reshape((*chunk_shape, num_channels), order="F")
     nx, ny, nz = out.shape[:3]
     ox, oy, oz = origin
     out[...] = src[ox:ox + nx, oy:oy + ny, oz:oz + nz]

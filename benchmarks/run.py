@@ -1,0 +1,251 @@
+"""Side-by-side benchmarks: xarray-precomputed against TensorStore and CloudVolume, in one run.
+
+    pip install -e ".[bench]" && python benchmarks/run.py [--rounds 5] [--root /tmp/xp-bench]
+
+Every measurement runs in a fresh Python process (imports excluded from the timing, open included);
+readers alternate within each round; the table reports medians and ratios to the faster peer.
+
+W1  full read of each volume: ours via `.values` and via dask `chunks={}`, TensorStore `.read()`,
+    CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
+W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
+    second pass); seconds and storage requests per cutout (ours counted at our storage layer).
+W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
+W4  dask.distributed LocalCluster, 2 worker processes, W1's sharded volume: GB/s and the storage
+    requests each worker made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ------------------------------------------------------------------ workers (one per process)
+
+def _cutouts(shape, n=500, size=64, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [tuple(int(rng.integers(0, s - size + 1)) for s in shape) for _ in range(n)]
+
+
+def worker(task: str, reader: str, path: str) -> dict:
+    import numpy as np
+
+    if reader in ("ours", "ours-dask"):
+        import xarray as xr
+
+        from xarray_precomputed import storage
+    elif reader == "ts":
+        import tensorstore as ts
+    elif reader == "cv":
+        from cloudvolume import CloudVolume
+
+    base_rss = _rss_mb()
+    result: dict = {}
+    t0 = time.perf_counter()
+    if task == "W1":
+        if reader == "ours":
+            ds = xr.open_dataset(path, engine="precomputed")
+            a = ds[ds.attrs["type"]].values
+        elif reader == "ours-dask":
+            ds = xr.open_dataset(path, engine="precomputed", chunks={})
+            a = ds[ds.attrs["type"]].data.compute()
+        elif reader == "ts":
+            a = ts.open({"driver": "neuroglancer_precomputed",
+                         "kvstore": {"driver": "file", "path": path}}).result().read().result()
+        else:
+            a = CloudVolume("file://" + path, fill_missing=True, progress=False)[:, :, :]
+        dt = time.perf_counter() - t0
+        result = {"seconds": dt, "bytes": int(a.nbytes), "peak_mb": _rss_mb() - base_rss,
+                  "checksum": int(np.asarray(a).view(np.uint8)[::4099].sum())}
+    elif task == "W2":
+        shape = (512, 512, 256)
+        boxes = _cutouts(shape)
+        if reader == "ours":
+            ds = xr.open_dataset(path, engine="precomputed")
+            var = ds[ds.attrs["type"]].variable
+
+            def get(x, y, z):
+                return var[x:x + 64, y:y + 64, z:z + 64].values
+        elif reader == "ts":
+            t = ts.open({"driver": "neuroglancer_precomputed",
+                         "kvstore": {"driver": "file", "path": path}}).result()
+
+            def get(x, y, z):
+                return t[x:x + 64, y:y + 64, z:z + 64].read().result()
+        else:
+            cv = CloudVolume("file://" + path, fill_missing=True, progress=False)
+
+            def get(x, y, z):
+                return cv[x:x + 64, y:y + 64, z:z + 64]
+        total = 0
+        for b in boxes:
+            total += int(get(*b).view(np.uint8)[::997].sum())
+        cold = time.perf_counter() - t0
+        reqs_cold = sum(storage.request_counts.values()) if reader == "ours" else None
+        t1 = time.perf_counter()
+        for b in boxes:
+            total += int(get(*b).view(np.uint8)[::997].sum())
+        warm = time.perf_counter() - t1
+        reqs_warm = (sum(storage.request_counts.values()) - reqs_cold) if reader == "ours" else None
+        result = {"cold": cold, "warm": warm, "n": len(boxes), "checksum": total,
+                  "req_cold": reqs_cold, "req_warm": reqs_warm}
+    elif task == "W3":
+        from volumes import MCNS_BOX
+
+        x0, y0, z0 = (r[0] + 200 for r in MCNS_BOX)
+        if reader == "ours":
+            ds = xr.open_dataset(path, engine="precomputed", chunks="auto")
+            a = ds.segmentation[x0:x0 + 64, y0:y0 + 64, z0:z0 + 64].values
+        elif reader == "ts":
+            t = ts.open({"driver": "neuroglancer_precomputed",
+                         "kvstore": {"driver": "file", "path": path}}).result()
+            a = t[x0:x0 + 64, y0:y0 + 64, z0:z0 + 64].read().result()
+        else:
+            cv = CloudVolume("file://" + path, fill_missing=True, progress=False)
+            a = cv[x0:x0 + 64, y0:y0 + 64, z0:z0 + 64]
+        result = {"seconds": time.perf_counter() - t0, "nonzero": int(np.count_nonzero(a)),
+                  "checksum": int(np.asarray(a).sum() % (1 << 61))}
+    elif task == "W4":
+        from dask.distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            t0 = time.perf_counter()
+            ds = xr.open_dataset(path, engine="precomputed", chunks={})
+            a = ds[ds.attrs["type"]].data.compute()
+            dt = time.perf_counter() - t0
+            counts = client.run(_worker_counts)
+        result = {"seconds": dt, "bytes": int(a.nbytes), "requests": counts}
+    return result
+
+
+def _worker_counts() -> dict:
+    from xarray_precomputed import sharding, storage
+
+    return {**storage.request_counts, **sharding.index_fetches}
+
+
+# ------------------------------------------------------------------ driver
+
+def run_one(task, reader, path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--worker", task, reader, str(path)],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--root", default="/tmp/xp-bench")
+    ap.add_argument("--only", default="W1,W2,W3,W4")
+    ap.add_argument("--worker", nargs=3)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return
+
+    from volumes import build
+
+    paths = build(Path(args.root))
+    only = args.only.split(",")
+    results: dict = {}
+
+    def record(key, r):
+        results.setdefault(key, []).append(r)
+
+    for rnd in range(args.rounds):
+        if "W1" in only:
+            for vol in ("seg", "em"):
+                for reader in ("ours", "ts", "cv", "ours-dask"):
+                    record(("W1", vol, reader), run_one("W1", reader, paths[vol]))
+        if "W2" in only:
+            for reader in ("ours", "ts", "cv"):
+                record(("W2", "seg", reader), run_one("W2", reader, paths["seg"]))
+        if "W3" in only:
+            for reader in ("ours", "ts", "cv"):
+                record(("W3", "mcns", reader), run_one("W3", reader, paths["mcns"]))
+        if "W4" in only and rnd < 2:
+            record(("W4", "seg", "ours"), run_one("W4", "ours", paths["seg"]))
+        print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+
+    print(report(results))
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    (out / "latest.json").write_text(json.dumps({"|".join(k): v for k, v in results.items()}, indent=1))
+
+
+def _med(rs, key):
+    vals = [r[key] for r in rs if key in r and r[key] is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def _err(rs):
+    errs = [r["error"] for r in rs if "error" in r]
+    return f" (errors: {errs[0]})" if errs else ""
+
+
+def report(results) -> str:
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+             ""]
+    if any(k[0] == "W1" for k in results):
+        lines += ["W1 full read | reader | GB/s | ratio to faster peer | peak MB over output",
+                  "--- | --- | --- | --- | ---"]
+        for vol in ("seg", "em"):
+            rates = {}
+            for reader in ("ours", "ours-dask", "ts", "cv"):
+                rs = results.get(("W1", vol, reader), [])
+                if rs:
+                    rates[reader] = (_med(rs, "bytes") / _med(rs, "seconds") / 1e9, rs)
+            peer = max((rates[r][0] for r in ("ts", "cv") if r in rates), default=float("nan"))
+            for reader, (gbs, rs) in rates.items():
+                over = _med(rs, "peak_mb") - _med(rs, "bytes") / 2**20
+                lines.append(f"{vol} | {reader} | {gbs:.2f} | {gbs / peer:.2f}x | {over:+.0f}{_err(rs)}")
+        lines.append("")
+    if any(k[0] == "W2" for k in results):
+        lines += ["W2 500 random 64³ cutouts | reader | cold s | warm s | requests/cutout cold | warm",
+                  "--- | --- | --- | --- | --- | ---"]
+        for reader in ("ours", "ts", "cv"):
+            rs = results.get(("W2", "seg", reader), [])
+            if rs:
+                n = 500
+                rc, rw = _med(rs, "req_cold"), _med(rs, "req_warm")
+                lines.append(f"seg | {reader} | {_med(rs, 'cold'):.2f} | {_med(rs, 'warm'):.2f} | "
+                             f"{rc / n:.2f} | {rw / n:.2f}{_err(rs)}")
+        lines.append("")
+    if any(k[0] == "W3" for k in results):
+        lines += ["W3 mCNS open + one 64³ box | reader | seconds to first voxel", "--- | --- | ---"]
+        for reader in ("ours", "ts", "cv"):
+            rs = results.get(("W3", "mcns", reader), [])
+            if rs:
+                lines.append(f"mcns | {reader} | {_med(rs, 'seconds'):.3f}{_err(rs)}")
+        lines.append("")
+    if ("W4", "seg", "ours") in results:
+        rs = results[("W4", "seg", "ours")]
+        lines += ["W4 LocalCluster(2 processes) | GB/s | storage requests per worker", "--- | --- | ---"]
+        reqs = [r.get("requests") for r in rs if "requests" in r]
+        lines.append(f"seg | {_med(rs, 'bytes') / _med(rs, 'seconds') / 1e9:.2f} | {reqs[-1] if reqs else '?'}"
+                     f"{_err(rs)}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Benchmark volumes, written by TensorStore from real data.
+
+- `seg`: the 64³ FIB-25 ground-truth cube (../shared/data/neuroglancer/) tiled into 512×512×256
+  uint64 (each tile randomly flipped and relabelled), sharded compressed_segmentation with gzip
+  minishard indices and data, identity hash (each shard an aligned box of chunks).
+- `em`: an EM-like uint8 raw image of the same size (smoothed noise), unsharded.
+- `mcns`: the male CNS `info` (../shared/data/dvid/mcns-ng-specs.json, 94088×78317×134576 at scale
+  0) with one shard of scale 0 written around the middle of the volume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHAPE = (512, 512, 256)
+CHUNK = (64, 64, 64)
+SEG_SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity",
+                "minishard_bits": 3, "shard_bits": 2, "minishard_index_encoding": "gzip",
+                "data_encoding": "gzip"}
+
+
+def fib25_tiles(shape, seed=0) -> np.ndarray:
+    cube = np.fromfile(SHARED / "neuroglancer" / "fib25-64x64x64-raw-uint64-segmentation.dat",
+                       dtype="<u8").reshape((64, 64, 64), order="F")
+    rng = np.random.default_rng(seed)
+    out = np.empty(shape, np.uint64)
+    labels = np.unique(cube)
+    for x in range(0, shape[0], 64):
+        for y in range(0, shape[1], 64):
+            for z in range(0, shape[2], 64):
+                t = cube
+                for axis in range(3):
+                    if rng.random() < 0.5:
+                        t = np.flip(t, axis)
+                new_ids = rng.choice(1 << 40, size=len(labels), replace=False).astype(np.uint64)
+                out[x:x + 64, y:y + 64, z:z + 64] = new_ids[np.searchsorted(labels, t)]
+    return out
+
+
+def em_like(shape, seed=1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=shape).astype(np.float32)
+    for axis in range(3):  # cheap separable box blur, repeated: smooth blobs like membranes
+        for _ in range(2):
+            a = (a + np.roll(a, 1, axis) + np.roll(a, -1, axis)) / 3
+    a = (a - a.min()) / (a.max() - a.min())
+    return (a * 255).astype(np.uint8)
+
+
+def _ts_write(path: Path, data: np.ndarray, vtype: str, scale: dict) -> None:
+    import tensorstore as ts
+
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path)},
+                 "create": True, "delete_existing": True,
+                 "multiscale_metadata": {"type": vtype, "data_type": str(data.dtype), "num_channels": 1},
+                 "scale_metadata": scale}).result()
+    t[...] = data[..., None]
+
+
+def build(root: Path, force: bool = False) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {"seg": root / "seg", "em": root / "em", "mcns": root / "mcns"}
+    if force or not (paths["seg"] / "info").exists():
+        _ts_write(paths["seg"], fib25_tiles(SHAPE), "segmentation", {
+            "size": list(SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8],
+            "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8],
+            "sharding": SEG_SHARDING})
+    if force or not (paths["em"] / "info").exists():
+        _ts_write(paths["em"], em_like(SHAPE), "image", {
+            "size": list(SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8], "encoding": "raw"})
+    if force or not (paths["mcns"] / "info").exists():
+        build_mcns(paths["mcns"])
+    return paths
+
+
+MCNS_BOX = ((47104, 47104 + 512), (39424, 39424 + 512), (67584, 67584 + 512))  # one scale-0 shard
+
+
+def build_mcns(path: Path) -> None:
+    """The mCNS info, with one scale-0 shard (8³ chunks of FIB-25 tiles) written by TensorStore."""
+    import tensorstore as ts
+
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    info = json.loads((SHARED / "dvid" / "mcns-ng-specs.json").read_text())
+    for scale in info["scales"]:  # TensorStore refuses the published info without it
+        scale["compressed_segmentation_block_size"] = [8, 8, 8]
+    (path / "info").write_text(json.dumps(info))
+    t = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path)},
+                 "scale_index": 0, "open": True}).result()
+    (x0, x1), (y0, y1), (z0, z1) = MCNS_BOX
+    t[x0:x1, y0:y1, z0:z1, 0] = fib25_tiles((512, 512, 512), seed=5)
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/xp-bench")
+    for name, p in build(out, force="--force" in sys.argv).items():
+        print(name, p)
