@@ -68,7 +68,7 @@ static int parse3(PyObject *seq, Py_ssize_t out[3], const char *what)
         return -1;
     }
     for (int i = 0; i < 3; i++) {
-        out[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, i));
+        out[i] = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(fast, i), PyExc_OverflowError);
         if (out[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(fast);
             return -1;
