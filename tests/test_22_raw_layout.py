@@ -39,4 +39,4 @@ def test_copy_rejects_wrong_length_and_regions_outside_the_chunk():
         copy_fortran_chunk(b"\0" * 64, out, (4, 4, 4), (-1, 0, 0))
     with pytest.raises(ValueError):
         copy_fortran_chunk(b"\0" * 64, np.zeros((4, 4, 4), np.uint8), (4, 4, 4), (0, 0, 0))
-    assert copy_fortran_chunk(b'\\0' * 8, np.zeros((2, 2, 2, 1), np.uint8), np.array([2, 2, 2]), (np.int64(0), 0, 0)) is None
+    assert copy_fortran_chunk(b"\0" * 8, np.zeros((2, 2, 2, 1), np.uint8), np.array([2, 2, 2]), (np.int64(0), 0, 0)) is None
