@@ -111,7 +111,7 @@ def worker(task: str, reader: str, path: str) -> dict:
 
         x0, y0, z0 = (r[0] + 200 for r in MCNS_BOX)
         if reader == "ours":
-            ds = xr.open_dataset(path, engine="precomputed", chunks="auto")
+            ds = xr.open_dataset(path, engine="precomputed")  # lazy: select first, then compute
             a = ds.segmentation[x0:x0 + 64, y0:y0 + 64, z0:z0 + 64].values
         elif reader == "ts":
             t = ts.open({"driver": "neuroglancer_precomputed",

@@ -25,6 +25,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, head: bool):
         srv = self.server
         srv.requests.append((self.command, self.path, self.headers.get("Range")))
+        with srv.lock:
+            fail = srv.fail_next > 0
+            srv.fail_next -= fail
+        if fail:
+            if srv.fail_mode == "reset":
+                self.close_connection = True
+                self.connection.shutdown(2)  # drop the connection: no response at all
+                return
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         rel = self.path.split("?", 1)[0].lstrip("/")
         for pattern, status in srv.refuse.items():
             if re.search(pattern, rel):
@@ -67,14 +79,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(root: str, *, refuse: dict[str, int] | None = None, ignore_range: bool = False):
-    """Serve `root` on 127.0.0.1; yields (base_url, server). `server.requests` logs requests."""
+def serve(root: str, *, refuse: dict[str, int] | None = None, ignore_range: bool = False,
+          fail_first: int = 0, fail_mode: str = "503"):
+    """Serve `root` on 127.0.0.1; yields (base_url, server). `server.requests` logs requests.
+    The first `fail_first` requests fail (503, or "reset": the connection is dropped)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.daemon_threads = True
     httpd.root = root
     httpd.refuse = dict(refuse or {})
     httpd.ignore_range = ignore_range
     httpd.requests = []
+    httpd.fail_next = fail_first
+    httpd.fail_mode = fail_mode
+    httpd.lock = threading.Lock()
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
     try:

@@ -106,3 +106,22 @@ def test_missing_info_is_a_clear_error(tmp_path, volumes):
     with serve(str(root)) as (base, _):
         with pytest.raises(StorageError, match="info"):
             Volume.open(f"{base}/absent")
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+def test_transient_failures_are_retried(volumes, mode):
+    root, truth = volumes
+    with serve(str(root), fail_first=3, fail_mode=mode) as (base, srv):
+        got = Volume.open(f"{base}/sharded").scale(0).read()
+        assert np.array_equal(got, truth["sharded"])
+        assert srv.fail_next == 0
+
+
+def test_persistent_failure_ends_in_a_storage_error(volumes, monkeypatch):
+    from xarray_precomputed import storage
+
+    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.01)
+    root, _ = volumes
+    with serve(str(root), fail_first=10_000) as (base, _):
+        with pytest.raises(StorageError, match="info"):
+            Volume.open(f"{base}/plain")

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import threading
+import time
 from collections import Counter
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
@@ -140,6 +141,39 @@ class LocalStore(Store):
         return data
 
 
+# Transient failures (5xx, 429, dropped connections, time-outs) are retried this many times with
+# exponential backoff starting at RETRY_BACKOFF seconds; then the last error is raised.
+RETRIES = 4
+RETRY_BACKOFF = 0.1
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _is_transient(e: BaseException) -> bool:
+    status = _status_of(e)
+    if status is not None:
+        return status in _TRANSIENT_STATUS
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    name = type(e).__name__
+    return any(k in name for k in ("Connection", "Disconnected", "Timeout", "Payload"))
+
+
+def _with_retries(fn, *args):
+    delay = RETRY_BACKOFF
+    for attempt in range(RETRIES + 1):
+        try:
+            return fn(*args)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            if attempt == RETRIES or not _is_transient(e):
+                raise
+            request_counts["retry"] += 1
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
 def _status_of(e: BaseException) -> int | None:
     for attr in ("status", "status_code", "code"):
         v = getattr(e, attr, None)
@@ -177,23 +211,37 @@ class FsspecStore(Store):
     def read(self, key: str) -> bytes | None:
         request_counts["read"] += 1
         try:
-            return self.fs.cat_file(self._path(key))
+            return _with_retries(self.fs.cat_file, self._path(key))
         except FileNotFoundError:
             return None
-        except Exception as e:  # noqa: BLE001 - every other failure is reported, never filled
+        except Exception as e:  # every other failure is reported, never filled
             raise self._fail(key, e) from e
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
         request_counts["range"] += len(merged)
         path = self._path(key)
-        try:
-            blobs = self.fs.cat_ranges([path] * len(merged), [s for s, _ in merged],
-                                       [e for _, e in merged], on_error="return")
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # noqa: BLE001
-            raise self._fail(key, e) from e
+        blobs = [None] * len(merged)
+        todo = list(range(len(merged)))
+        delay = RETRY_BACKOFF
+        for attempt in range(RETRIES + 1):
+            try:
+                got = self.fs.cat_ranges([path] * len(todo), [merged[i][0] for i in todo],
+                                         [merged[i][1] for i in todo], on_error="return")
+            except FileNotFoundError:
+                return None
+            except Exception as e:
+                if attempt == RETRIES or not _is_transient(e):
+                    raise self._fail(key, e) from e
+                got = [e] * len(todo)
+            for i, b in zip(todo, got):
+                blobs[i] = b
+            todo = [i for i in todo if isinstance(blobs[i], BaseException) and _is_transient(blobs[i])]
+            if not todo or attempt == RETRIES:
+                break
+            request_counts["retry"] += len(todo)
+            time.sleep(delay)
+            delay *= 2
         for i, b in enumerate(blobs):
             if isinstance(b, FileNotFoundError):
                 return None
