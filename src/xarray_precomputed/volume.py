@@ -162,7 +162,6 @@ class ScaleReader:
     @functools.cached_property
     def _shards(self) -> ShardReader:
         s = self.scale_info
-        voxels = math.prod(self.chunk_size) * self.info.num_channels
         return ShardReader(self.store, s.path, s.sharding, max_chunk_bytes=self._max_stored_bytes(),
                            max_chunks=math.prod(self.grid_shape))
 
@@ -311,9 +310,7 @@ class ScaleReader:
                     decodes.append(pool.submit(finish, results))
                 else:
                     decodes.extend(pool.submit(finish, [r]) for r in results)
-            done, _ = wait(decodes, return_when=FIRST_EXCEPTION)
-            for f in done:
-                f.result()
+            wait(decodes, return_when=FIRST_EXCEPTION)
             for f in decodes:
                 f.result()
         finally:

@@ -1,0 +1,53 @@
+"""Shared pytest fixtures. Keep this file generic: fixtures any test layer can use.
+
+Oracle volumes (see `oracle.py`) are written once per session under a temporary directory and
+cached; `oracle_volume(name)` returns an `oracle.OracleVolume` (path + TensorStore's reading).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import oracle
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_SPECS = Path(__file__).resolve().parents[1].parent / "shared" / "specs"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """`../shared/data` beside the repository; fails (never skips) when it is missing."""
+    assert SHARED_DATA.is_dir(), f"shared test data not found at {SHARED_DATA}"
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def oracle_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("oracle")
+
+
+@pytest.fixture(scope="session")
+def oracle_volume(oracle_root):
+    """Factory: `oracle_volume(name)` builds catalogue volume `name` once per session."""
+    cache: dict[str, oracle.OracleVolume] = {}
+
+    def get(name: str) -> oracle.OracleVolume:
+        if name not in cache:
+            cache[name] = oracle.build(name, oracle_root / name)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def obsolete_volume(oracle_root) -> oracle.OracleVolume:
+    """A sharded volume (two scales) whose shards were split into `.index` + `.data` files."""
+    return oracle.build_obsolete(oracle_root / "obsolete_index_data")
+
+
+@pytest.fixture(scope="session")
+def multi_chunk_sizes_volume(oracle_root) -> oracle.OracleVolume:
+    """An unsharded raw scale listing two chunk sizes, each with a full copy of its data."""
+    return oracle.build_multi_chunk_sizes(oracle_root / "multi_chunk_sizes")
