@@ -1,0 +1,652 @@
+/*
+ * _native: hot, bounds-checked decoders for xarray_precomputed.
+ *
+ * cseg_decode(data, out, chunk_shape, block_size, origin) -> None
+ *
+ * Decodes one Neuroglancer precomputed "compressed_segmentation" chunk
+ * (multi-channel wrapper included) into `out`, a writable uint32/uint64
+ * ndarray of shape (nx, ny, nz, nc) with arbitrary strides.
+ * out[i, j, k, c] receives chunk voxel (ox+i, oy+j, oz+k) of channel c.
+ *
+ * Safety rules (every violation raises ValueError, nothing is ever read or
+ * written out of bounds, whatever the input bytes are):
+ *
+ *   - The chunk is a sequence of little-endian 32-bit words; nc words of
+ *     channel offsets come first.
+ *   - A channel's data runs from its offset to the END OF THE CHUNK (channel
+ *     lengths are not stored; this is also TensorStore's rule).  Every offset
+ *     inside a channel is relative to its start and every word read for that
+ *     channel (headers, lookup table, encoded values) must lie inside
+ *     [channel start, chunk end).
+ *   - All block headers of every channel are validated (encoded bits, table
+ *     offset leaves room for at least one entry, the whole values region
+ *     ceil(bits*bx*by*bz/32) words fits), whether or not `out` touches them.
+ *   - Lookup table length is not stored: a block's table is taken to extend
+ *     to the end of the channel, i.e. it holds floor((chunk_end - table) /
+ *     entry_words) entries.  A decoded index at or beyond that raises.
+ *     Indices are only checked for the voxels actually written to `out`.
+ *   - Block headers are re-read and re-checked when a block is decoded, so a
+ *     buffer mutated by another thread while the GIL is released can produce
+ *     garbage or an error, but never an out-of-bounds access.
+ *
+ * All size arithmetic is done in 64 bits with explicit overflow guards:
+ * chunk and block dimensions are limited to < 2^31.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define CSEG_INLINE static inline __attribute__((always_inline))
+#else
+#define CSEG_INLINE static inline
+#endif
+
+#define CSEG_DIM_LIMIT ((int64_t)0x7fffffff)
+/* Block volumes above this are saturated: any non-zero-bit block of that size
+ * needs more value words than any buffer can hold, and bits * volume still
+ * fits in 64 bits. */
+#define CSEG_BVOL_SAT ((uint64_t)1 << 58)
+
+/* ---------------------------------------------------------------- loads */
+
+CSEG_INLINE uint32_t ld32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+CSEG_INLINE uint64_t ld64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+enum {
+    E_OK = 0,
+    E_LEN4,      /* a = byte length */
+    E_FEW_WORDS, /* a = words, b = channels */
+    E_CHAN_OFF,  /* a = offset, b = words */
+    E_HEADERS,   /* a = channel offset, b = blocks, c = words */
+    E_BITS,      /* a = bits */
+    E_TABLE_OFF, /* a = table offset, b = channel words, c = entry words */
+    E_VALUES,    /* a = values offset, b = value words, c = channel words */
+    E_INDEX,     /* a = index, b = table entries */
+};
+
+typedef struct {
+    int code;
+    Py_ssize_t chan;
+    int64_t blk[3];
+    uint64_t a, b, c;
+} cseg_err;
+
+static void raise_error(const cseg_err *e)
+{
+    unsigned long long a = e->a, b = e->b, c = e->c;
+    long long x = e->blk[0], y = e->blk[1], z = e->blk[2];
+    Py_ssize_t ch = e->chan;
+    switch (e->code) {
+    case E_LEN4:
+        PyErr_Format(PyExc_ValueError,
+                     "length %llu bytes is not a multiple of 4", a);
+        break;
+    case E_FEW_WORDS:
+        PyErr_Format(PyExc_ValueError,
+                     "%llu words, fewer than the %llu channel offsets", a, b);
+        break;
+    case E_CHAN_OFF:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd offset %llu past end of %llu words", ch, a, b);
+        break;
+    case E_HEADERS:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd: %llu block headers from word %llu run past "
+                     "end of %llu words", ch, b, a, c);
+        break;
+    case E_BITS:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd: encoded bits %llu invalid in block "
+                     "(%lld,%lld,%lld)", ch, a, x, y, z);
+        break;
+    case E_TABLE_OFF:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd: table offset %llu past end of %llu channel "
+                     "words (entry is %llu words) in block (%lld,%lld,%lld)",
+                     ch, a, b, c, x, y, z);
+        break;
+    case E_VALUES:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd: values at offset %llu (%llu words) run past "
+                     "end of %llu channel words in block (%lld,%lld,%lld)",
+                     ch, a, b, c, x, y, z);
+        break;
+    case E_INDEX:
+        PyErr_Format(PyExc_ValueError,
+                     "channel %zd: table index %llu past end of table (%llu "
+                     "entries before end of data) in block (%lld,%lld,%lld)",
+                     ch, a, b, x, y, z);
+        break;
+    default:
+        PyErr_SetString(PyExc_ValueError, "corrupt compressed_segmentation chunk");
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------- geometry */
+
+typedef struct {
+    int64_t s[3];      /* chunk shape */
+    int64_t b[3];      /* block size */
+    int64_t g[3];      /* block grid */
+    int64_t o[3];      /* origin */
+    int64_t n[3];      /* output extent */
+    Py_ssize_t st[4];  /* output byte strides (x, y, z, channel) */
+    uint64_t m[3];     /* in-block linear multipliers: 1, bx, bx*by */
+    uint64_t bvol;     /* bx*by*bz, saturated at CSEG_BVOL_SAT */
+    int perm[3];       /* spatial axes, largest |stride| first */
+    int es;            /* element size: 4 or 8 */
+} cseg_geom;
+
+typedef struct {
+    const unsigned char *table;
+    const unsigned char *vals;
+    uint64_t tlen;     /* table entries available before the end of data */
+    uint32_t bits;
+    uint32_t mask;
+} cseg_block;
+
+/* Read and check the header of block (x, y, z) of a channel whose data is
+ * ch[0 .. clen words).  The caller has checked that all headers fit. */
+CSEG_INLINE int parse_block(const unsigned char *ch, uint64_t clen,
+                            const cseg_geom *G, int64_t x, int64_t y, int64_t z,
+                            cseg_block *blk, cseg_err *err)
+{
+    const uint64_t hidx = (uint64_t)x + (uint64_t)G->g[0] *
+                          ((uint64_t)y + (uint64_t)G->g[1] * (uint64_t)z);
+    const unsigned char *h = ch + 8 * hidx;
+    const uint32_t w0 = ld32(h), w1 = ld32(h + 4);
+    const uint32_t bits = w0 >> 24;
+    const uint64_t toff = w0 & 0xffffffu;
+    const uint64_t voff = w1 & 0xffffffu;
+    const uint64_t wpe = (uint64_t)G->es / 4;
+    uint64_t nval;
+
+    if (bits > 32 || (bits & (bits - 1)) != 0) {
+        err->code = E_BITS;
+        err->a = bits;
+        goto fail;
+    }
+    if (toff > clen || clen - toff < wpe) {
+        err->code = E_TABLE_OFF;
+        err->a = toff;
+        err->b = clen;
+        err->c = wpe;
+        goto fail;
+    }
+    /* bits <= 32 and bvol <= 2^58: no overflow. */
+    nval = (bits * G->bvol + 31) / 32;
+    if (voff > clen || nval > clen - voff) {
+        err->code = E_VALUES;
+        err->a = voff;
+        err->b = nval;
+        err->c = clen;
+        goto fail;
+    }
+    blk->table = ch + 4 * toff;
+    blk->vals = ch + 4 * voff;
+    blk->tlen = (clen - toff) / wpe;
+    blk->bits = bits;
+    blk->mask = (uint32_t)(((uint64_t)1 << bits) - 1);
+    return 0;
+fail:
+    err->blk[0] = x;
+    err->blk[1] = y;
+    err->blk[2] = z;
+    return -1;
+}
+
+/* Validate the channel's header region and every block header. */
+static int check_channel(const unsigned char *ch, uint64_t clen,
+                         const cseg_geom *G, cseg_err *err)
+{
+    int64_t x, y, z;
+    cseg_block blk;
+    for (z = 0; z < G->g[2]; z++)
+        for (y = 0; y < G->g[1]; y++)
+            for (x = 0; x < G->g[0]; x++)
+                if (parse_block(ch, clen, G, x, y, z, &blk, err) < 0)
+                    return -1;
+    return 0;
+}
+
+/* Decode the in-box part of one block.  `p0`/`p1` are in-block coordinate
+ * ranges per axis, `bo` the output address of in-block voxel p0. */
+CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
+                             const int64_t p0[3], const int64_t p1[3],
+                             char *bo, int es, cseg_err *err)
+{
+    const int A = G->perm[0], B = G->perm[1], C = G->perm[2];
+    const Py_ssize_t sA = G->st[A], sB = G->st[B], sC = G->st[C];
+    const uint64_t mA = G->m[A], mB = G->m[B], mC = G->m[C];
+    const int64_t nC = p1[C] - p0[C];
+    int64_t i, j, k;
+    char *oa = bo;
+
+    if (blk->bits == 0) {
+        if (es == 8) {
+            const uint64_t v = ld64(blk->table);
+            for (i = p0[A]; i < p1[A]; i++, oa += sA) {
+                char *ob = oa;
+                for (j = p0[B]; j < p1[B]; j++, ob += sB) {
+                    char *o = ob;
+                    for (k = 0; k < nC; k++, o += sC)
+                        memcpy(o, &v, 8);
+                }
+            }
+        } else {
+            const uint32_t v = ld32(blk->table);
+            for (i = p0[A]; i < p1[A]; i++, oa += sA) {
+                char *ob = oa;
+                for (j = p0[B]; j < p1[B]; j++, ob += sB) {
+                    char *o = ob;
+                    for (k = 0; k < nC; k++, o += sC)
+                        memcpy(o, &v, 4);
+                }
+            }
+        }
+        return 0;
+    }
+
+    {
+        const uint64_t bits = blk->bits;
+        const uint32_t mask = blk->mask;
+        const uint64_t tlen = blk->tlen;
+        const unsigned char *vals = blk->vals;
+        const unsigned char *table = blk->table;
+        const uint64_t stepC = mC * bits;
+        for (i = p0[A]; i < p1[A]; i++, oa += sA) {
+            char *ob = oa;
+            for (j = p0[B]; j < p1[B]; j++, ob += sB) {
+                char *o = ob;
+                uint64_t bit = ((uint64_t)i * mA + (uint64_t)j * mB +
+                                (uint64_t)p0[C] * mC) * bits;
+                for (k = 0; k < nC; k++, o += sC, bit += stepC) {
+                    const uint32_t w = ld32(vals + 4 * (bit >> 5));
+                    const uint32_t idx = (w >> (bit & 31)) & mask;
+                    if (idx >= tlen) {
+                        err->code = E_INDEX;
+                        err->a = idx;
+                        err->b = tlen;
+                        return -1;
+                    }
+                    if (es == 8) {
+                        const uint64_t v = ld64(table + 8 * (uint64_t)idx);
+                        memcpy(o, &v, 8);
+                    } else {
+                        const uint32_t v = ld32(table + 4 * (uint64_t)idx);
+                        memcpy(o, &v, 4);
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* Decode the part of one channel covered by the output box. */
+CSEG_INLINE int decode_channel(const unsigned char *ch, uint64_t clen,
+                               const cseg_geom *G, char *outc, int es,
+                               cseg_err *err)
+{
+    const int A = G->perm[0], B = G->perm[1], C = G->perm[2];
+    int64_t klo[3], khi[3], k[3];
+    int a;
+    cseg_block blk;
+
+    for (a = 0; a < 3; a++) {
+        if (G->n[a] <= 0)
+            return 0;
+        klo[a] = G->o[a] / G->b[a];
+        khi[a] = (G->o[a] + G->n[a] - 1) / G->b[a];
+    }
+    for (k[A] = klo[A]; k[A] <= khi[A]; k[A]++) {
+        for (k[B] = klo[B]; k[B] <= khi[B]; k[B]++) {
+            for (k[C] = klo[C]; k[C] <= khi[C]; k[C]++) {
+                int64_t p0[3], p1[3];
+                char *bo = outc;
+                for (a = 0; a < 3; a++) {
+                    const int64_t start = k[a] * G->b[a];
+                    const int64_t lo = G->o[a] > start ? G->o[a] : start;
+                    const int64_t end = start + G->b[a];
+                    const int64_t top = G->o[a] + G->n[a];
+                    const int64_t hi = top < end ? top : end;
+                    p0[a] = lo - start;
+                    p1[a] = hi - start;
+                    bo += (Py_ssize_t)(lo - G->o[a]) * G->st[a];
+                }
+                if (parse_block(ch, clen, G, k[0], k[1], k[2], &blk, err) < 0)
+                    return -1;
+                if (decode_block(G, &blk, p0, p1, bo, es, err) < 0) {
+                    err->blk[0] = k[0];
+                    err->blk[1] = k[1];
+                    err->blk[2] = k[2];
+                    return -1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int decode_channel64(const unsigned char *ch, uint64_t clen,
+                            const cseg_geom *G, char *outc, cseg_err *err)
+{
+    return decode_channel(ch, clen, G, outc, 8, err);
+}
+
+static int decode_channel32(const unsigned char *ch, uint64_t clen,
+                            const cseg_geom *G, char *outc, cseg_err *err)
+{
+    return decode_channel(ch, clen, G, outc, 4, err);
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        return UINT64_MAX;
+    return a * b;
+}
+
+/* The whole decode; runs without the GIL.  buf/len: the chunk bytes. */
+static int cseg_run(const unsigned char *buf, uint64_t len, Py_ssize_t nc,
+                    const cseg_geom *G, char *out, cseg_err *err)
+{
+    const uint64_t nwords = len / 4;
+    uint64_t gxy;
+    Py_ssize_t c;
+
+    if (len % 4 != 0) {
+        err->code = E_LEN4;
+        err->a = len;
+        return -1;
+    }
+    if (nwords < (uint64_t)nc) {
+        err->code = E_FEW_WORDS;
+        err->a = nwords;
+        err->b = (uint64_t)nc;
+        return -1;
+    }
+    /* Grid dims are < 2^31, so gx*gy < 2^62. */
+    gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
+
+    /* Pass 1: validate every channel offset and every block header. */
+    for (c = 0; c < nc; c++) {
+        const uint64_t off = ld32(buf + 4 * (uint64_t)c);
+        uint64_t clen;
+        err->chan = c;
+        if (off > nwords) {
+            err->code = E_CHAN_OFF;
+            err->a = off;
+            err->b = nwords;
+            return -1;
+        }
+        clen = nwords - off;
+        if (gxy != 0 && (uint64_t)G->g[2] > (clen / 2) / gxy) {
+            err->code = E_HEADERS;
+            err->a = off;
+            err->b = sat_mul(gxy, (uint64_t)G->g[2]);
+            err->c = nwords;
+            return -1;
+        }
+        if (check_channel(buf + 4 * off, clen, G, err) < 0)
+            return -1;
+    }
+
+    /* Pass 2: decode.  Offsets are re-read; parse_block re-checks them. */
+    for (c = 0; c < nc; c++) {
+        const uint64_t off = ld32(buf + 4 * (uint64_t)c);
+        uint64_t clen;
+        char *outc = out + c * G->st[3];
+        int rc;
+        err->chan = c;
+        if (off > nwords) {
+            err->code = E_CHAN_OFF;
+            err->a = off;
+            err->b = nwords;
+            return -1;
+        }
+        clen = nwords - off;
+        if (gxy != 0 && (uint64_t)G->g[2] > (clen / 2) / gxy) {
+            err->code = E_HEADERS;
+            err->a = off;
+            err->b = sat_mul(gxy, (uint64_t)G->g[2]);
+            err->c = nwords;
+            return -1;
+        }
+        if (G->es == 8)
+            rc = decode_channel64(buf + 4 * off, clen, G, outc, err);
+        else
+            rc = decode_channel32(buf + 4 * off, clen, G, outc, err);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- Python */
+
+static int get_triple(PyObject *obj, const char *name, int64_t v[3])
+{
+    PyObject *seq = PySequence_Fast(obj, "");
+    Py_ssize_t i;
+    if (seq == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence of 3 integers", name);
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(seq) != 3) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s must have 3 entries", name);
+        return -1;
+    }
+    for (i = 0; i < 3; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        long long x = PyLong_AsLongLong(item);
+        if (x == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "%s entry %zd out of range", name, i);
+            }
+            return -1;
+        }
+        v[i] = (int64_t)x;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+PyDoc_STRVAR(cseg_decode_doc,
+"cseg_decode(data, out, chunk_shape, block_size, origin) -> None\n\n"
+"Decode a precomputed compressed_segmentation chunk (multi-channel wrapper\n"
+"included) from the bytes-like `data` into `out`, a writable uint32/uint64\n"
+"ndarray of shape (nx, ny, nz, nc) with any strides:\n"
+"out[i, j, k, c] = chunk voxel (ox+i, oy+j, oz+k) of channel c.\n"
+"chunk_shape is the (possibly truncated) chunk shape (sx, sy, sz),\n"
+"block_size (bx, by, bz), origin (ox, oy, oz).  Raises ValueError on corrupt\n"
+"input or inconsistent arguments.  Releases the GIL while decoding.");
+
+static PyObject *cseg_decode(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "out", "chunk_shape", "block_size",
+                             "origin", NULL};
+    PyObject *data_obj, *out_obj, *shape_obj, *block_obj, *origin_obj;
+    PyArrayObject *out;
+    PyArray_Descr *descr;
+    Py_buffer view;
+    cseg_geom G;
+    cseg_err err;
+    Py_ssize_t nc;
+    char *outp;
+    int a, rc;
+
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO:cseg_decode", kwlist,
+                                     &data_obj, &out_obj, &shape_obj,
+                                     &block_obj, &origin_obj))
+        return NULL;
+    if (!PyArray_Check(out_obj)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a numpy.ndarray");
+        return NULL;
+    }
+    out = (PyArrayObject *)out_obj;
+    descr = PyArray_DESCR(out);
+    if (descr->kind != 'u' || (PyArray_ITEMSIZE(out) != 4 &&
+                               PyArray_ITEMSIZE(out) != 8) ||
+        !PyArray_ISNOTSWAPPED(out) || PyDataType_HASFIELDS(descr)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "out must have native-endian uint32 or uint64 dtype");
+        return NULL;
+    }
+    if (PyArray_NDIM(out) != 4) {
+        PyErr_Format(PyExc_ValueError,
+                     "out must be 4-dimensional (x, y, z, channel), got %d "
+                     "dimensions", PyArray_NDIM(out));
+        return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(out)) {
+        PyErr_SetString(PyExc_ValueError, "out is read-only");
+        return NULL;
+    }
+    if (get_triple(shape_obj, "chunk_shape", G.s) < 0 ||
+        get_triple(block_obj, "block_size", G.b) < 0 ||
+        get_triple(origin_obj, "origin", G.o) < 0)
+        return NULL;
+
+    G.es = (int)PyArray_ITEMSIZE(out);
+    nc = PyArray_DIM(out, 3);
+    for (a = 0; a < 4; a++)
+        G.st[a] = PyArray_STRIDE(out, a);
+    for (a = 0; a < 3; a++) {
+        G.n[a] = (int64_t)PyArray_DIM(out, a);
+        if (G.s[a] < 0 || G.s[a] > CSEG_DIM_LIMIT) {
+            PyErr_Format(PyExc_ValueError,
+                         "chunk_shape[%d] = %lld must be in [0, 2**31)", a,
+                         (long long)G.s[a]);
+            return NULL;
+        }
+        if (G.b[a] < 1 || G.b[a] > CSEG_DIM_LIMIT) {
+            PyErr_Format(PyExc_ValueError,
+                         "block_size[%d] = %lld must be in [1, 2**31)", a,
+                         (long long)G.b[a]);
+            return NULL;
+        }
+        if (G.o[a] < 0 || G.o[a] > G.s[a] || G.n[a] > G.s[a] - G.o[a]) {
+            PyErr_Format(PyExc_ValueError,
+                         "origin[%d] = %lld plus out.shape[%d] = %lld exceeds "
+                         "chunk_shape[%d] = %lld", a, (long long)G.o[a], a,
+                         (long long)G.n[a], a, (long long)G.s[a]);
+            return NULL;
+        }
+        G.g[a] = G.s[a] == 0 ? 0 : (G.s[a] - 1) / G.b[a] + 1;
+    }
+    G.m[0] = 1;
+    G.m[1] = (uint64_t)G.b[0];
+    G.m[2] = (uint64_t)G.b[0] * (uint64_t)G.b[1]; /* < 2^62 */
+    if ((uint64_t)G.b[2] > CSEG_BVOL_SAT / G.m[2])
+        G.bvol = CSEG_BVOL_SAT;
+    else
+        G.bvol = G.m[2] * (uint64_t)G.b[2];
+    if (G.bvol > CSEG_BVOL_SAT)
+        G.bvol = CSEG_BVOL_SAT;
+
+    /* Spatial axes ordered by decreasing |stride| (innermost loop last). */
+    {
+        int p[3] = {0, 1, 2}, i, j;
+        for (i = 1; i < 3; i++)
+            for (j = i; j > 0; j--) {
+                Py_ssize_t s0 = G.st[p[j - 1]], s1 = G.st[p[j]];
+                if (s0 < 0) s0 = -s0;
+                if (s1 < 0) s1 = -s1;
+                if (s0 < s1) {
+                    int t = p[j - 1];
+                    p[j - 1] = p[j];
+                    p[j] = t;
+                }
+            }
+        for (i = 0; i < 3; i++)
+            G.perm[i] = p[i];
+    }
+
+    if (PyObject_GetBuffer(data_obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+
+    outp = (char *)PyArray_DATA(out);
+
+    /* Refuse to write into the input buffer. */
+    if (PyArray_SIZE(out) > 0 && view.len > 0) {
+        uintptr_t lo = (uintptr_t)outp, hi = (uintptr_t)outp + (uintptr_t)G.es;
+        const uintptr_t blo = (uintptr_t)view.buf;
+        const uintptr_t bhi = blo + (uintptr_t)view.len;
+        for (a = 0; a < 4; a++) {
+            const Py_ssize_t ext = (PyArray_DIM(out, a) - 1) * G.st[a];
+            if (ext < 0)
+                lo -= (uintptr_t)(-ext);
+            else
+                hi += (uintptr_t)ext;
+        }
+        if (lo < bhi && blo < hi) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "out overlaps the input buffer");
+            return NULL;
+        }
+    }
+
+    memset(&err, 0, sizeof(err));
+    Py_BEGIN_ALLOW_THREADS
+    rc = cseg_run((const unsigned char *)view.buf, (uint64_t)view.len, nc, &G,
+                  outp, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (rc < 0) {
+        raise_error(&err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef native_methods[] = {
+    {"cseg_decode", (PyCFunction)(void (*)(void))cseg_decode,
+     METH_VARARGS | METH_KEYWORDS, cseg_decode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    "_native",
+    "Bounds-checked native decoders for xarray_precomputed (GIL released).",
+    -1,
+    native_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    import_array();
+    return PyModule_Create(&native_module);
+}
