@@ -26,6 +26,7 @@ class PrecomputedBackendArray(BackendArray):
         self.dtype = reader.dtype
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        key = _normalize_empty_slices(key, self.shape)
         return indexing.explicit_indexing_adapter(
             key, self.shape, indexing.IndexingSupport.OUTER, self._getitem)
 
@@ -42,6 +43,18 @@ class PrecomputedBackendArray(BackendArray):
         data = data[..., key[3]]
         return data.reshape([n for i, n in enumerate(data.shape) if i not in squeeze]) \
             if squeeze else data
+
+
+def _normalize_empty_slices(key: indexing.ExplicitIndexer, shape) -> indexing.ExplicitIndexer:
+    # xarray's slice decomposition fails on empty slices with negative steps (slice(3, 10, -1));
+    # an empty slice selects the same nothing whatever its bounds.
+    items = list(key.tuple)
+    changed = False
+    for i, (k, n) in enumerate(zip(items, shape)):
+        if isinstance(k, slice) and len(range(*k.indices(n))) == 0 and k != slice(0, 0, 1):
+            items[i] = slice(0, 0, 1)
+            changed = True
+    return type(key)(tuple(items)) if changed else key
 
 
 def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
