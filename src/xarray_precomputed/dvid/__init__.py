@@ -1,0 +1,8 @@
+"""DVID `export-shards` directories: Arrow IPC shards of DVID compressed label blocks, read as
+volumes with the neuroglancer `info` the export was made from (engine "dvid_arrow")."""
+
+from .block import decode_block
+from .reader import DvidScaleReader, load_info
+from .shards import ShardLayout
+
+__all__ = ["DvidScaleReader", "ShardLayout", "decode_block", "load_info"]
