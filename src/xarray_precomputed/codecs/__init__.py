@@ -21,6 +21,10 @@ from ..errors import CodecUnavailableError, PrecomputedError
 _CODECS: dict[str, tuple[str, str | None]] = {
     "raw": ("raw", None),
     "compressed_segmentation": ("cseg", None),
+    "jpeg": ("jpeg", "jpeg"),
+    "png": ("png", "png"),
+    "jxl": ("jxl", "jxl"),
+    "compresso": ("compresso", "compresso"),
 }
 
 _loaded: dict[str, Callable] = {}

@@ -1,0 +1,130 @@
+"""`jxl`: one JPEG XL image per chunk (uint8; 1, 3 or 4 channels), decoded with imagecodecs (libjxl).
+
+Two layouts are read:
+
+- the format's own: one frame whose colour components (grey, RGB, RGBA) are the channels,
+  interleaved in the image like jpeg and png chunks;
+- CloudVolume's (12.x) for several channels: one grey frame per channel, channel after channel.
+  Neuroglancer reads these frames in order as the channels (its chunk layout is channel-major);
+  CloudVolume's own reader scrambles them, so Neuroglancer is the reference here.
+
+The image size is read from the codestream's SizeHeader (bare codestream or ISO BMFF container)
+before decoding: each frame must hold exactly the chunk's x*y*z pixels.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import imagecodecs
+import numpy as np
+
+from ..errors import CorruptChunkError
+from ._image import check_channels, check_image_size, place_interleaved, place_planar
+
+if not imagecodecs.JPEGXL.available:  # a build without libjxl: report it as a missing package
+    raise ImportError("this imagecodecs build has no JPEG XL codec")
+
+_CONTAINER_SIGNATURE = b"\x00\x00\x00\x0cJXL \r\n\x87\n"
+# SizeHeader aspect ratios (numerator, denominator), index 1..7
+_RATIOS = {1: (1, 1), 2: (12, 10), 3: (4, 3), 4: (3, 2), 5: (16, 9), 6: (5, 4), 7: (2, 1)}
+
+
+class _Bits:
+    """The JPEG XL bit reader: least significant bit of each byte first."""
+
+    def __init__(self, data: bytes, start: int):
+        self.data, self.pos = data, start * 8
+
+    def u(self, n: int) -> int:
+        value = 0
+        for i in range(n):
+            byte = self.pos >> 3
+            if byte >= len(self.data):
+                raise ValueError("truncated JPEG XL header")
+            value |= ((self.data[byte] >> (self.pos & 7)) & 1) << i
+            self.pos += 1
+        return value
+
+    def u32_size(self) -> int:
+        # U32(1 + u(9), 1 + u(13), 1 + u(18), 1 + u(30))
+        return 1 + self.u((9, 13, 18, 30)[self.u(2)])
+
+
+def _codestream_start(data: bytes) -> int:
+    """Offset of the codestream's 0xFF0A signature: 0 for a bare codestream, else inside the
+    container's first `jxlc` or `jxlp` box."""
+    if data[:2] == b"\xff\x0a":
+        return 0
+    if data[:12] != _CONTAINER_SIGNATURE:
+        raise ValueError("no JPEG XL signature")
+    pos = 0
+    while pos + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        header = 8
+        if size == 1:
+            if pos + 16 > len(data):
+                break
+            size = struct.unpack(">Q", data[pos + 8:pos + 16])[0]
+            header = 16
+        elif size == 0:
+            size = len(data) - pos
+        if size < header:
+            raise ValueError(f"malformed container box {kind!r}")
+        if kind == b"jxlc":
+            return pos + header
+        if kind == b"jxlp":
+            return pos + header + 4  # 4-byte part index precedes the codestream bytes
+        pos += size
+    raise ValueError("container holds no codestream box")
+
+
+def read_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of the image, from the SizeHeader; ValueError if it cannot be read."""
+    start = _codestream_start(data)
+    if data[start:start + 2] != b"\xff\x0a":
+        raise ValueError("no JPEG XL codestream signature")
+    bits = _Bits(data, start + 2)
+    small = bits.u(1)
+    height = 8 * (bits.u(5) + 1) if small else bits.u32_size()
+    ratio = bits.u(3)
+    if ratio:
+        num, den = _RATIOS[ratio]
+        width = height * num // den
+    else:
+        width = 8 * (bits.u(5) + 1) if small else bits.u32_size()
+    return width, height
+
+
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+    data = bytes(data)
+    try:
+        width, height = read_size(data)
+    except ValueError as e:
+        raise CorruptChunkError(f"not a readable JPEG XL image ({e})", chunk=chunk) from None
+    check_image_size(width, height, chunk_shape, chunk, "JPEG XL")
+    try:
+        pixels = imagecodecs.jpegxl_decode(data)
+    except Exception as e:  # JpegxlError, and RuntimeError/ValueError on some damaged input
+        raise CorruptChunkError(f"corrupt JPEG XL image ({type(e).__name__}: {e})",
+                                chunk=chunk) from None
+    if pixels.dtype != np.uint8:
+        raise CorruptChunkError(f"JPEG XL image decodes to {pixels.dtype.name} samples; the "
+                                f"volume is uint8", chunk=chunk)
+    frame = (height, width)
+    single = pixels.shape[:2] == frame and pixels.ndim in (2, 3)
+    frames = pixels.ndim == 3 and pixels.shape[1:] == frame
+    if single and frames:  # (n, n, n): n frames of n x n grey, or one n x n image of n components
+        single = imagecodecs.jpegxl_decode(data, 0).ndim == 3
+    if single:
+        check_channels(1 if pixels.ndim == 2 else pixels.shape[2], num_channels, chunk, "JPEG XL")
+        place_interleaved(pixels, out, chunk_shape, origin)
+    elif frames:
+        if pixels.shape[0] != num_channels:
+            raise CorruptChunkError(
+                f"JPEG XL image has {pixels.shape[0]} grey frames; the volume has num_channels "
+                f"{num_channels} (one frame per channel)", chunk=chunk)
+        place_planar(pixels, out, chunk_shape, origin)
+    else:
+        raise CorruptChunkError(f"JPEG XL image decodes to shape {pixels.shape}, not {height} x "
+                                f"{width} pixels of {num_channels} channel(s)", chunk=chunk)

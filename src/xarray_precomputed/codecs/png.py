@@ -1,0 +1,67 @@
+"""`png`: one PNG image per chunk (uint8 or uint16; 1-4 channels), decoded with imagecodecs (libpng).
+
+The IHDR header is read first (it sits at a fixed place): the pixel count must equal the chunk's
+x*y*z, the sample depth the volume's data type (8 bits for uint8, 16 for uint16) and the colour
+type the volume's num_channels (grey 1, grey+alpha 2, RGB 3, RGBA 4; a palette image expands to
+RGB, as Neuroglancer reads it). Anything else is refused before a pixel is decoded; the pixels are
+then decoded into a buffer of exactly that size. libpng checks every chunk's CRC, so damaged data
+raises rather than decoding to garbage.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import imagecodecs
+import numpy as np
+
+from ..errors import CorruptChunkError
+from ._image import check_channels, check_image_size, place_interleaved
+
+if not imagecodecs.PNG.available:  # a build without libpng: report it as a missing package
+    raise ImportError("this imagecodecs build has no PNG codec")
+
+_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour type -> (components after decoding, allowed bit depths)
+_COLOR_TYPES = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (3, (1, 2, 4, 8)),
+                4: (2, (8, 16)), 6: (4, (8, 16))}
+_COLOR_NAMES = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
+
+
+def read_header(data: bytes) -> tuple[int, int, int, int]:
+    """(width, height, bit depth, colour type) from the IHDR chunk; ValueError if malformed."""
+    if len(data) < 33 or data[:8] != _SIGNATURE:
+        raise ValueError("no PNG signature")
+    length, kind = struct.unpack(">I4s", data[8:16])
+    if kind != b"IHDR" or length != 13:
+        raise ValueError("first chunk is not a 13-byte IHDR")
+    width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+    if color not in _COLOR_TYPES or depth not in _COLOR_TYPES[color][1]:
+        raise ValueError(f"invalid colour type {color} / bit depth {depth}")
+    return width, height, depth, color
+
+
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+    data = bytes(data)
+    try:
+        width, height, depth, color = read_header(data)
+    except ValueError as e:
+        raise CorruptChunkError(f"not a readable PNG image ({e})", chunk=chunk) from None
+    check_image_size(width, height, chunk_shape, chunk, "PNG")
+    want_depth = 8 * dtype.itemsize
+    if color == 3:
+        if dtype.itemsize != 1:
+            raise CorruptChunkError(f"PNG palette image in a {dtype.name} volume", chunk=chunk)
+    elif depth != want_depth:
+        raise CorruptChunkError(
+            f"PNG image has {depth}-bit samples; a {dtype.name} volume needs {want_depth}-bit",
+            chunk=chunk)
+    components = _COLOR_TYPES[color][0]
+    check_channels(components, num_channels, chunk, f"PNG {_COLOR_NAMES[color]}")
+    shape = (height, width) if components == 1 else (height, width, components)
+    pixels = np.empty(shape, dtype=np.uint8 if depth <= 8 else np.uint16)
+    try:
+        imagecodecs.png_decode(data, out=pixels)
+    except Exception as e:  # PngError, and ValueError/UnicodeDecodeError on some damaged input
+        raise CorruptChunkError(f"corrupt PNG image ({type(e).__name__}: {e})", chunk=chunk) from None
+    place_interleaved(pixels, out, chunk_shape, origin)
