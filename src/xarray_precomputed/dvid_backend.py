@@ -17,9 +17,9 @@ from typing import Any, Iterable
 import xarray as xr
 from xarray.backends import BackendEntrypoint
 
-from .backend import scale_dataset
-from .dvid.reader import DvidScaleReader, load_info
 from .storage import is_local, open_store, strip_scheme_prefix
+
+# The reader (and pyarrow behind it) is imported on first open, not when xarray lists its engines.
 
 _SCALE_DIR = re.compile(r"^s(\d+)$")
 
@@ -62,7 +62,9 @@ def present_scales(url: str, n_scales: int, storage_options: dict | None = None)
     return [k for k in range(n_scales) if fs.isdir(f"{root}/s{k}")]
 
 
-def dvid_dataset(reader: DvidScaleReader) -> xr.Dataset:
+def dvid_dataset(reader) -> xr.Dataset:
+    from .backend import scale_dataset
+
     ds = scale_dataset(reader)
     var = ds[reader.info.type]
     var.attrs.pop("compressed_segmentation_block_size", None)
@@ -85,6 +87,8 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                      labels: str = "agglomerated", fill_missing: bool = True,
                      storage_options: dict | None = None,
                      drop_variables: Iterable[str] | None = None) -> xr.Dataset:
+        from .dvid.reader import DvidScaleReader
+
         reader = DvidScaleReader.open(os.fspath(filename_or_obj), info, scale, labels=labels,
                                       fill_missing=fill_missing, storage_options=storage_options)
         ds = dvid_dataset(reader)
@@ -97,6 +101,8 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                             storage_options: dict | None = None,
                             drop_variables: Iterable[str] | None = None,
                             **_: Any) -> dict[str, xr.Dataset]:
+        from .dvid.reader import DvidScaleReader, load_info
+
         url = strip_scheme_prefix(os.fspath(filename_or_obj))
         vi = load_info(info, storage_options=storage_options)
         scales = present_scales(url, len(vi.scales), storage_options)

@@ -60,7 +60,7 @@ for _b in range(9, 17):
     _WINDOW[_b] = ((_pos >> 3).astype(np.intp), (24 - (_pos & 7) - _b).astype(np.uint32))
 # bit_length(n - 1) for a sub-block label count n >= 2; 0 for n in (0, 1).
 _BITS = np.zeros(1 << 16, dtype=np.int64)
-_BITS[2:] = [(n - 1).bit_length() for n in range(2, 1 << 16)]
+_BITS[2:] = np.floor(np.log2(np.arange(1, (1 << 16) - 1, dtype=np.float64))).astype(np.int64) + 1
 # (z, y, x, vz, vy, vx) sub-block order -> (x, vx, y, vy, z, vz): C-ordered X, Y, Z.
 _TO_XYZ = (2, 5, 1, 4, 0, 3)
 
