@@ -316,24 +316,27 @@ class ScaleReader:
                 else:
                     self._place(blob, cells[i], jobs[i], out, d)
 
-        if len(groups) == 1:
+        if len(groups) == 1 and len(groups[0][1]) == 1:
             finish(fetch(*groups[0]))
             return
         pool = _executor()
-        fetches = [pool.submit(fetch, g, m) for g, m in groups]
+        # With enough groups to keep every worker busy, each task fetches and decodes its group;
+        # otherwise (a read inside one or two shards) the chunks of a group decode in parallel.
+        inline = len(groups) >= pool._max_workers
+        if inline:
+            tasks = [pool.submit(lambda g, m: finish(fetch(g, m)), g, m) for g, m in groups]
+        else:
+            tasks = [pool.submit(fetch, g, m) for g, m in groups]
         decodes: list[Future] = []
         try:
-            for f in fetches:
-                results = f.result()
-                if len(results) == 1:
-                    decodes.append(pool.submit(finish, results))
-                else:
-                    decodes.extend(pool.submit(finish, [r]) for r in results)
-            wait(decodes, return_when=FIRST_EXCEPTION)
-            for f in decodes:
+            if not inline:
+                for f in tasks:
+                    decodes.extend(pool.submit(finish, [r]) for r in f.result())
+            wait(tasks + decodes, return_when=FIRST_EXCEPTION)
+            for f in tasks + decodes:
                 f.result()
         finally:
-            for f in fetches + decodes:
+            for f in tasks + decodes:
                 f.cancel()
 
 
