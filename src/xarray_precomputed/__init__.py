@@ -21,9 +21,20 @@ from .volume import ScaleReader, Volume, open_volume
 
 __version__ = "0.1.0"
 
+# Writers load on first use: reading needs neither them nor zarr.
+_LAZY = {"to_ome_zarr": ".ome_zarr", "to_precomputed": ".writer", "downsample": ".downsampling"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError", "InfoError",
     "MissingChunkError", "PermissionDeniedError", "PrecomputedError", "ShardFormatError",
     "StorageError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
-    "Volume", "open_volume", "__version__",
+    "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
 ]

@@ -27,6 +27,9 @@ request_counts: Counter = Counter()
 LOCAL_COALESCE_GAP = 1 << 16
 REMOTE_COALESCE_GAP = 1 << 16
 
+# Name part of the temporary files LocalStore.write renames into place.
+TEMP_MARKER = ".xp-tmp-"
+
 
 def strip_scheme_prefix(url: str) -> str:
     """Drop Neuroglancer's `precomputed://` data-source prefix."""
@@ -140,6 +143,61 @@ class LocalStore(Store):
             data = b"".join(parts)
         return data
 
+    # -- writing (used by writer.py). Every object is written whole to a temporary file in the
+    # same directory and renamed over its key, so a reader or a killed writer never sees a torn
+    # object; leftover temporaries carry TEMP_MARKER in their name.
+    def write(self, key: str, data) -> None:
+        path = self._path(key)
+        directory, name = os.path.split(path)
+        tmp = os.path.join(directory, f".{name}{TEMP_MARKER}{os.getpid()}-{threading.get_ident()}")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise self._fail(key, e) from e
+        request_counts["write"] += 1
+
+    def size(self, key: str) -> int | None:
+        """The size of `key` in bytes, or None if it does not exist."""
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail(key, e) from e
+        return st.st_size if not os.path.isdir(self._path(key)) else None
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """{name: size} of the objects directly under the folder `prefix` (no recursion)."""
+        out: dict[str, int] = {}
+        try:
+            with os.scandir(self._path(prefix)) as it:
+                for entry in it:
+                    if entry.is_file():
+                        out[entry.name] = entry.stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except OSError as e:
+            raise self._fail(prefix, e) from e
+        return out
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise self._fail(key, e) from e
+
 
 # Transient failures (5xx, 429, dropped connections, time-outs) are retried this many times with
 # exponential backoff starting at RETRY_BACKOFF seconds; then the last error is raised.
@@ -252,6 +310,55 @@ class FsspecStore(Store):
                 # A server that ignores Range answers with the whole object.
                 blobs[i] = b[merged[i][0]:merged[i][1]]
         return _split(ranges, merged, owner, blobs)
+
+    # -- writing (used by writer.py): one PUT per object, which object stores apply atomically.
+    def write(self, key: str, data) -> None:
+        path = self._path(key)
+        try:
+            _with_retries(self.fs.pipe_file, path, bytes(data))
+        except Exception as e:
+            raise self._fail(key, e) from e
+        request_counts["write"] += 1
+
+    def size(self, key: str) -> int | None:
+        try:
+            info = _with_retries(self.fs.info, self._path(key))
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise self._fail(key, e) from e
+        if info.get("type") == "directory":
+            return None
+        return int(info.get("size") or 0)
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """{name: size} of the objects directly under the folder `prefix` (no recursion)."""
+        path = self._path(prefix)
+        try:
+            self.fs.invalidate_cache(path)
+            entries = _with_retries(lambda: self.fs.ls(path, detail=True))
+        except FileNotFoundError:
+            return {}
+        except Exception as e:
+            raise self._fail(prefix, e) from e
+        out = {}
+        for e in entries:
+            if e.get("type") == "directory":
+                continue
+            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+            out[name] = int(e.get("size") or 0)
+        return out
+
+    def delete(self, key: str) -> None:
+        try:
+            _with_retries(self.fs.rm_file, self._path(key))
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise self._fail(key, e) from e
 
 
 _stores: dict[tuple[str, str], Store] = {}
