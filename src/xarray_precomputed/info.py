@@ -33,6 +33,9 @@ DEFAULT_CSEG_BLOCK_SIZE = (8, 8, 8)
 # One decoded chunk larger than this is refused at open: a reader would have to allocate it whole.
 MAX_CHUNK_BYTES = 1 << 31
 
+# Voxel coordinates (voxel_offset, voxel_offset + size) must lie in TensorStore's finite index range.
+MAX_INDEX = (1 << 62) - 2
+
 _VOLUME_MEMBERS = {"@type", "type", "data_type", "num_channels", "scales"}
 _SCALE_MEMBERS = {
     "key", "size", "voxel_offset", "resolution", "chunk_sizes", "encoding",
@@ -256,6 +259,9 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
     path = resolve_key(key, scale=name)
     size = _triple(obj, "size", name, kind="nonneg_int")
     voxel_offset = _triple(obj, "voxel_offset", name, kind="int", default=[0, 0, 0])
+    if not all(-MAX_INDEX <= o and o + n <= MAX_INDEX for o, n in zip(voxel_offset, size)):
+        raise InfoError(f"voxel_offset {list(voxel_offset)} + size {list(size)} leaves the index "
+                        f"range [-(2**62 - 2), 2**62 - 2]", field="size", scale=name)
     resolution = tuple(float(x) for x in _triple(obj, "resolution", name, kind="pos_num"))
 
     cs = obj.get("chunk_sizes")
@@ -271,7 +277,7 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
                             f"{MAX_CHUNK_BYTES}-byte limit", field="chunk_sizes", scale=name)
 
     encoding = obj.get("encoding")
-    if encoding not in ENCODING_RULES:
+    if not isinstance(encoding, str) or encoding not in ENCODING_RULES:
         raise InfoError(f"unknown encoding {encoding!r}; known: {sorted(ENCODING_RULES)}",
                         field="encoding", scale=name)
     types, channels = ENCODING_RULES[encoding]
@@ -287,6 +293,9 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
     if encoding == "compressed_segmentation":
         if "compressed_segmentation_block_size" in obj:
             block = _triple(obj, "compressed_segmentation_block_size", name, kind="pos_int")
+            if max(block) >= 1 << 31:
+                raise InfoError(f"entries must be below 2**31, got {list(block)}",
+                                field="compressed_segmentation_block_size", scale=name)
         else:
             block = DEFAULT_CSEG_BLOCK_SIZE
 

@@ -283,9 +283,12 @@ class ShardReader:
         if entry is None:
             return None
         start, end = entry
-        if end - start > 1 << 40:
-            raise ShardFormatError(f"minishard index range [{start}, {end}) is impossibly large",
-                                   chunk=where)
+        # gzip adds at most a few bytes per 16 KiB block (plus a header) to what it compresses
+        limit = self.max_minishard_bytes + self.max_minishard_bytes // 1024 + 1024
+        if end - start > limit:
+            raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} bytes) "
+                                   f"runs past the end of any minishard index this scale can "
+                                   f"have (at most {limit} bytes)", chunk=where)
         if start == end:
             mi = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         else:
@@ -318,8 +321,14 @@ class ShardReader:
                 return out
             found, starts, ends = mi.lookup(chunk_ids[sel])
             for j in np.nonzero(found)[0].tolist():
+                s, e = int(starts[j]), int(ends[j])
+                if e - s > self.max_chunk_bytes:
+                    raise ShardFormatError(
+                        f"data [{s}, {e}) ({e - s} bytes) runs past the end of any chunk this "
+                        f"scale can store (at most {self.max_chunk_bytes} bytes)",
+                        chunk=describe(int(sel[j])))
                 want.append(int(sel[j]))
-                ranges.append((int(starts[j]), int(ends[j])))
+                ranges.append((s, e))
         if not want:
             return out
         got = self._read_file_ranges(shard, ranges)

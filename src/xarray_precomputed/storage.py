@@ -116,9 +116,10 @@ class LocalStore(Store):
         except OSError as e:
             raise self._fail(key, e) from e
         try:
+            size = os.fstat(fd).st_size  # a range past the end must not allocate its length
             merged, owner = coalesce(ranges, LOCAL_COALESCE_GAP)
             request_counts["range"] += len(merged)
-            blobs = [self._pread(fd, s, e) for s, e in merged]
+            blobs = [self._pread(fd, s, min(e, size)) for s, e in merged]
         except OSError as e:
             raise self._fail(key, e) from e
         finally:
@@ -256,6 +257,10 @@ class FsspecStore(Store):
                 f"reading {scheme}:// URLs needs an extra package ({e}); "
                 f"install it with: pip install 'xarray-precomputed[{extra}]'") from None
         self.root = self.root.rstrip("/")
+        # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
+        # A later answer of exactly that size to a range that starts past byte 0 is the whole
+        # object again (a real partial answer is shorter) and is sliced too. Bounded.
+        self._whole_sizes: dict[str, int] = {}
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -305,10 +310,17 @@ class FsspecStore(Store):
                 return None
             if isinstance(b, BaseException):
                 raise self._fail(key, b) from b
-            want = merged[i][1] - merged[i][0]
-            if len(b) > want:
-                # A server that ignores Range answers with the whole object.
-                blobs[i] = b[merged[i][0]:merged[i][1]]
+        size = self._whole_sizes.get(key)
+        for (s, e), b in zip(merged, blobs):
+            if len(b) > e - s:  # a server that ignores Range answers with the whole object
+                size = len(b)
+        if size is not None and self._whole_sizes.get(key) != size:
+            if len(self._whole_sizes) >= 4096:
+                self._whole_sizes.clear()
+            self._whole_sizes[key] = size
+        for i, ((s, e), b) in enumerate(zip(merged, blobs)):
+            if len(b) > e - s or (s > 0 and len(b) == size):
+                blobs[i] = b[s:e]  # shorter than asked when the range ends past the object
         return _split(ranges, merged, owner, blobs)
 
     # -- writing (used by writer.py): one PUT per object, which object stores apply atomically.

@@ -1,0 +1,343 @@
+"""The `xarray-precomputed` command (also `python -m xarray_precomputed`).
+
+    xarray-precomputed info URL [--engine dvid_arrow --info INFO.json] [--json]
+    xarray-precomputed convert SRC DST.zarr [--scale K ...] [--shard-shape X Y Z] [--overwrite]
+    xarray-precomputed convert SRC DST --to precomputed [--encoding E] [--chunk-size X Y Z] ...
+
+`--scale` picks scales by index in the info's `scales` list (or by key); converted arrays keep the
+source index in their name (`s<K>`). Exit status: 0 success, 1 a reported error, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Any, Sequence
+
+ENGINES = ("precomputed", "dvid_arrow")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def parse_size(text: str) -> int:
+    """'1GiB', '512MiB', '1e9', '100MB' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGTP]?)(i?)B?\s*", text, flags=re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1GiB, 512MiB, 2e9)")
+    value = float(m.group(1))
+    unit = m.group(2).upper()
+    base = 1024 if (m.group(3) or not unit) else 1000
+    n = int(value * base ** " KMGTP".index(unit or " "))
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return n
+
+
+def _json_arg(text: str) -> Any:
+    """JSON text, or @path / a path to a JSON file."""
+    path = text[1:] if text.startswith("@") else text
+    if not text.lstrip().startswith(("{", "[")) and os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON (nor a JSON file): {text!r}: {e}") from None
+
+
+def _sharding_arg(text: str) -> Any:
+    if text.lower() in ("auto", "none"):
+        return text.lower()
+    return _json_arg(text)
+
+
+def _scale_arg(text: str) -> int | str:
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def _x(t: Sequence, sep: str = " x ") -> str:
+    return sep.join(f"{v:.10g}" if isinstance(v, float) else str(v) for v in t)
+
+
+def _guess_engine(src: str) -> str:
+    from .dvid_backend import DvidArrowBackendEntrypoint
+
+    return "dvid_arrow" if DvidArrowBackendEntrypoint().guess_can_open(src) else "precomputed"
+
+
+def _load(src: str, engine: str, info: str | None, storage_options: dict | None):
+    """(VolumeInfo, indices of the scales present, normalised URL)."""
+    from .storage import strip_scheme_prefix
+
+    if engine == "dvid_arrow":
+        from .dvid.reader import load_info
+        from .dvid_backend import present_scales
+
+        vi = load_info(info, storage_options=storage_options)
+        url = strip_scheme_prefix(src)
+        return vi, present_scales(url, len(vi.scales), storage_options), url
+    from .volume import Volume
+
+    vol = Volume.open(src, storage_options=storage_options, info=_read_info_arg(info))
+    return vol.info, list(range(len(vol.info.scales))), vol.url
+
+
+def _read_info_arg(info: str | None):
+    if info is None:
+        return None
+    if info.lstrip().startswith("{"):
+        return info
+    with open(info, "rb") as f:
+        return f.read()
+
+
+# ----------------------------------------------------------------------------- info
+
+def summarize(vi, present: list[int], url: str, engine: str) -> dict:
+    """A JSON-able description of a volume: per scale sizes, chunking, encoding, sharding."""
+    from .ome_zarr import DEFAULT_MAX_SHARD_BYTES, _plan_shard, shard_box_chunks
+
+    itemsize = vi.dtype.itemsize
+    scales = []
+    for s in vi.scales:
+        chunk = s.chunk_sizes[0]
+        grid = s.grid_shape(0)
+        voxels = math.prod(s.size)
+        d: dict[str, Any] = {
+            "index": s.index, "key": s.key, "present": s.index in present,
+            "size": list(s.size), "voxel_offset": list(s.voxel_offset),
+            "resolution_nm": list(s.resolution),
+            "extent_nm": [n * r for n, r in zip(s.size, s.resolution)],
+            "chunk_sizes": [list(c) for c in s.chunk_sizes], "grid": list(grid),
+            "n_chunks": math.prod(grid), "encoding": s.encoding,
+            "voxels": voxels, "uncompressed_bytes": voxels * vi.num_channels * itemsize,
+            "sharding": s.sharding.to_json() if s.sharding else None,
+        }
+        if s.compressed_segmentation_block_size is not None:
+            d["compressed_segmentation_block_size"] = list(s.compressed_segmentation_block_size)
+        if s.sharding is not None:
+            box = shard_box_chunks(s.sharding.to_json(), s.size, chunk)
+            if box is not None:
+                d["shard_box_chunks"] = list(box)
+                d["shard_box_voxels"] = [b * c for b, c in zip(box, chunk)]
+                d["shard_box_bytes"] = math.prod(d["shard_box_voxels"]) * vi.num_channels * itemsize
+                d["n_shard_boxes"] = math.prod(-(-g // b) for g, b in zip(grid, box))
+            d["max_shard_files"] = 1 << s.sharding.shard_bits
+        else:
+            box = None
+        voxel_bytes = vi.num_channels * itemsize
+        d["ome_zarr_shard"] = list(_plan_shard(chunk, grid, box, voxel_bytes, DEFAULT_MAX_SHARD_BYTES))
+        scales.append(d)
+    return {"url": url, "engine": engine, "type": vi.type, "data_type": vi.data_type,
+            "num_channels": vi.num_channels, "scales": scales}
+
+
+def format_summary(summary: dict) -> str:
+    from .ome_zarr import DEFAULT_MAX_SHARD_BYTES
+
+    nc = summary["num_channels"]
+    lines = [f"{summary['url']}  (engine {summary['engine']})",
+             f"{summary['type']}, {summary['data_type']}, {nc} channel{'s' if nc != 1 else ''}, "
+             f"{len(summary['scales'])} scale{'s' if len(summary['scales']) != 1 else ''}"]
+    for d in summary["scales"]:
+        absent = "" if d["present"] else "  (not in this export)"
+        lines.append("")
+        lines.append(f"scale {d['index']}  key {d['key']!r}{absent}")
+        lines.append(f"  size          {_x(d['size'])} voxels (x y z); {d['voxels']:,} voxels")
+        lines.append(f"  voxel_offset  {_x(d['voxel_offset'], ', ')}")
+        lines.append(f"  resolution    {_x(d['resolution_nm'])} nm; extent "
+                     f"{_x(d['extent_nm'])} nm")
+        sizes = ", ".join(_x(c) for c in d["chunk_sizes"])
+        lines.append(f"  chunk         {sizes} (grid {_x(d['grid'])} = {d['n_chunks']:,} chunks)")
+        enc = d["encoding"]
+        if "compressed_segmentation_block_size" in d:
+            enc += f" (block {_x(d['compressed_segmentation_block_size'])})"
+        lines.append(f"  encoding      {enc}")
+        sh = d["sharding"]
+        if sh is None:
+            lines.append("  sharding      none (one file per chunk)")
+        else:
+            lines.append(f"  sharding      {sh['hash']} hash, preshift_bits {sh['preshift_bits']}, "
+                         f"minishard_bits {sh['minishard_bits']}, shard_bits {sh['shard_bits']}; "
+                         f"minishard index {sh['minishard_index_encoding']}, data "
+                         f"{sh['data_encoding']}")
+            if "shard_box_voxels" in d:
+                lines.append(f"  shard box     {_x(d['shard_box_voxels'])} voxels "
+                             f"({_x(d['shard_box_chunks'])} chunks, "
+                             f"{_human(d['shard_box_bytes'])} uncompressed); "
+                             f"{d['n_shard_boxes']:,} boxes, at most {d['max_shard_files']:,} "
+                             "shard files")
+            else:
+                lines.append(f"  shard box     none (the hash scatters chunks); at most "
+                             f"{d['max_shard_files']:,} shard files")
+        lines.append(f"  OME-Zarr      shard {_x(d['ome_zarr_shard'])} voxels by default "
+                     f"(convert --max-shard-bytes {_human(DEFAULT_MAX_SHARD_BYTES).replace(' ', '')})")
+        lines.append(f"  uncompressed  {_human(d['uncompressed_bytes'])} "
+                     f"({d['uncompressed_bytes']:,} bytes)")
+    return "\n".join(lines)
+
+
+def cmd_info(args) -> int:
+    engine = args.engine or _guess_engine(args.url)
+    vi, present, url = _load(args.url, engine, args.info, args.storage_options)
+    summary = summarize(vi, present, url, engine)
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    return 0
+
+
+# ----------------------------------------------------------------------------- convert
+
+def _open_source(args, engine: str):
+    import xarray as xr
+
+    kw: dict[str, Any] = {}
+    if args.storage_options:
+        kw["storage_options"] = args.storage_options
+    if args.info is not None:
+        kw["info"] = args.info if engine == "dvid_arrow" else _read_info_arg(args.info)
+    if engine == "dvid_arrow" and args.labels:
+        kw["labels"] = args.labels
+    return xr.open_datatree(args.src, engine=engine, **kw)
+
+
+def cmd_convert(args) -> int:
+    engine = args.engine or _guess_engine(args.src)
+    tree = _open_source(args, engine)
+    if args.to == "zarr":
+        from .ome_zarr import to_ome_zarr
+
+        report = to_ome_zarr(
+            tree, args.dst, scales=args.scale, shard_shape=args.shard_shape,
+            max_shard_bytes=args.max_shard_bytes, compressor=args.compressor, level=args.level,
+            overwrite=args.overwrite, verify=args.verify, progress=args.progress,
+            scheduler=args.scheduler, num_workers=args.workers, name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
+            storage_options=args.dst_storage_options)
+        print(report)
+        return 0
+    from .ome_zarr import _matches
+    from .writer import to_precomputed
+
+    obj = tree
+    if args.scale is not None:
+
+        names = []
+        for w in args.scale:
+            hits = [n.name for n in tree.children.values()
+                    if _matches(w, n.name, n.to_dataset(inherit=False), None)]
+            if not hits:
+                print(f"error: no scale {w!r} in {args.src}", file=sys.stderr)
+                return 1
+            names.append(hits[0])
+        obj = tree[names[0]].to_dataset() if len(names) == 1 else \
+            type(tree).from_dict({"/": tree.to_dataset(inherit=False),
+                                  **{f"/{n}": tree[n].to_dataset() for n in names}})
+    to_precomputed(obj, args.dst, encoding=args.encoding, chunk_size=args.chunk_size,
+                   sharding=args.sharding,
+                   compressed_segmentation_block_size=args.cseg_block_size,
+                   storage_options=args.dst_storage_options, overwrite=args.overwrite,
+                   max_workers=args.workers)
+    print(f"precomputed volume written to {args.dst}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="xarray-precomputed",
+        description="Inspect Neuroglancer precomputed volumes (and DVID Arrow exports) and "
+                    "convert them to OME-Zarr 0.5 (sharded Zarr v3) or precomputed.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def source_options(sp):
+        sp.add_argument("--engine", choices=ENGINES, default=None,
+                        help="source format (default: dvid_arrow for a directory of s<k>/*.arrow "
+                             "shards, else precomputed)")
+        sp.add_argument("--info", metavar="PATH",
+                        help="an info JSON file to use instead of the stored one (required for "
+                             "dvid_arrow exports, which have none)")
+        sp.add_argument("--storage-options", type=_json_arg, default=None, metavar="JSON",
+                        help="fsspec options for the source, as JSON")
+
+    i = sub.add_parser("info", help="summarise a volume: scales, sizes, chunking, encoding, "
+                                    "sharding, shard box, uncompressed bytes")
+    i.add_argument("url")
+    source_options(i)
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.set_defaults(func=cmd_info)
+
+    c = sub.add_parser("convert", help="convert to OME-Zarr 0.5 (default) or precomputed")
+    c.add_argument("src")
+    c.add_argument("dst")
+    source_options(c)
+    c.add_argument("--to", choices=("zarr", "precomputed"), default="zarr")
+    c.add_argument("--scale", type=_scale_arg, nargs="+", metavar="K",
+                   help="scales to convert, by index in the info (or by key); default all. "
+                        "Arrays are named s<K> after the source index")
+    c.add_argument("--labels", choices=("agglomerated", "supervoxels"),
+                   help="dvid_arrow: which labels to read")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace the destination instead of resuming it")
+    c.add_argument("--workers", type=int, default=None, help="worker threads (processes)")
+    c.add_argument("--scheduler", choices=("threads", "processes", "sync"), default="threads",
+                   help="dask scheduler for --to zarr (default threads)")
+    c.add_argument("--dst-storage-options", type=_json_arg, default=None, metavar="JSON",
+                   help="fsspec options for the destination, as JSON")
+    z = c.add_argument_group("OME-Zarr output (--to zarr)")
+    z.add_argument("--shard-shape", type=int, nargs=3, metavar=("X", "Y", "Z"),
+                   help="shard size in voxels, a multiple of the chunk size (default: the "
+                        "precomputed shard box capped at --max-shard-bytes, else 8 chunks/axis)")
+    z.add_argument("--max-shard-bytes", type=parse_size, default=1 << 30, metavar="SIZE",
+                   help="cap on a shard's uncompressed size (default 1GiB)")
+    z.add_argument("--compressor", choices=("zstd", "blosc", "none"), default="zstd")
+    z.add_argument("--level", type=int, default=None, help="compression level (zstd 3, blosc 5)")
+    z.add_argument("--verify", choices=("checksum", "size"), default="checksum",
+                   help="how shards recorded by an earlier run are checked before skipping them")
+    z.add_argument("--name", help="multiscale name in the OME metadata")
+    prog = z.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="progress bar (default: only on a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    pc = c.add_argument_group("precomputed output (--to precomputed)")
+    pc.add_argument("--encoding", help="raw, compressed_segmentation, jpeg, png, ...")
+    pc.add_argument("--chunk-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
+    pc.add_argument("--sharding", type=_sharding_arg, metavar="auto|none|JSON",
+                    help="default: keep the source's; 'auto' chooses parameters, 'none' writes "
+                         "unsharded, or a neuroglancer_uint64_sharded_v1 spec as JSON (or file)")
+    pc.add_argument("--cseg-block-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
+    c.set_defaults(func=cmd_convert)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .errors import PrecomputedError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (PrecomputedError, FileNotFoundError, PermissionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Thread safety: many threads reading random boxes (and strided selections) of one Volume at once
+get exactly what a single-threaded read gets, locally and over HTTP (nginx), while the per-process
+index caches, set very small here, evict under contention and stay within their bounds."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import oracle
+import servers
+from xarray_precomputed import Volume, sharding
+
+THREADS = 16
+READS_PER_THREAD = 12
+CACHE_MAX = 1024        # bytes: a few minishard indices, so threads evict each other's
+LAYOUT_CACHE_MAX = 256  # bytes: 4 shard layouts
+
+VOLUMES = {
+    # many shards and minishards (murmurhash), gzip indices and data
+    "cseg_u64_mm": dict(shape=(64, 48, 24, 1), dtype="uint64", chunk_size=(8, 8, 8),
+                        encoding="compressed_segmentation", block_size=(4, 4, 4),
+                        sharding=dict(preshift_bits=0, hash="murmurhash3_x86_128",
+                                      minishard_bits=2, shard_bits=3,
+                                      minishard_index_encoding="gzip", data_encoding="gzip")),
+    "raw_u16_c2_id": dict(shape=(50, 40, 20, 2), dtype="uint16", chunk_size=(8, 8, 4),
+                          voxel_offset=(-5, 3, 7),
+                          sharding=dict(preshift_bits=1, hash="identity", minishard_bits=2,
+                                        shard_bits=2)),
+    "raw_f32_unsharded": dict(shape=(45, 33, 17, 1), dtype="float32", chunk_size=(8, 8, 8)),
+}
+
+
+@pytest.fixture(scope="module")
+def volumes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("threads")
+    truth = {}
+    for i, (name, spec) in enumerate(VOLUMES.items()):
+        spec = dict(spec)
+        shape, dtype = spec.pop("shape"), spec.pop("dtype")
+        data = oracle.make_data(shape, dtype, seed=300 + i,
+                                labels=spec.get("encoding") == "compressed_segmentation")
+        oracle.write_volume(root / name, data, **spec)
+        truth[name] = oracle.ts_read(root / name)
+    return root, truth
+
+
+@pytest.fixture
+def small_caches(monkeypatch):
+    monkeypatch.setattr(sharding.minishard_cache, "max_bytes", CACHE_MAX)
+    monkeypatch.setattr(sharding._layout_cache, "max_bytes", LAYOUT_CACHE_MAX)
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+    yield
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+
+
+def _selections(shape, seed):
+    """Random boxes, and now and then a strided or listed outer selection."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(READS_PER_THREAD):
+        if rng.random() < 0.25:
+            sel = []
+            for n in shape[:3]:
+                if rng.random() < 0.5:
+                    sel.append(slice(int(rng.integers(0, n)), n, int(rng.integers(2, 5))))
+                else:
+                    sel.append(np.unique(rng.integers(0, n, size=int(rng.integers(1, 6)))))
+            out.append(("outer", tuple(sel)))
+        else:
+            box = []
+            for n in shape[:3]:
+                a = int(rng.integers(0, n))
+                b = int(rng.integers(a + 1, n + 1))
+                box.append(slice(a, b))
+            out.append(("box", tuple(box)))
+    return out
+
+
+def _hammer(vol: Volume, shared_reader, truth, seed0: int):
+    """THREADS threads start together; each reads its selections, half of them through the one
+    shared ScaleReader and half through readers of their own. Returns the mismatches."""
+    start = threading.Barrier(THREADS)
+    single = shared_reader.read()  # the single-threaded read everything is compared with
+    assert np.array_equal(single, truth, equal_nan=truth.dtype.kind == "f")
+
+    def work(t):
+        start.wait()
+        bad = []
+        for kind, sel in _selections(truth.shape, seed0 + t):
+            reader = shared_reader if t % 2 else vol.scale(0)
+            if kind == "box":
+                got = reader.read(sel)
+                want = single[sel]
+            else:
+                got = reader.read_outer(*sel)
+                want = single[np.ix_(*(np.arange(truth.shape[a])[s] for a, s in enumerate(sel)))]
+            if got.shape != want.shape or got.tobytes() != want.tobytes():
+                bad.append((t, kind, sel))
+        return bad
+
+    with ThreadPoolExecutor(THREADS) as ex:
+        results = list(ex.map(work, range(THREADS)))
+    return [b for r in results for b in r], single
+
+
+@pytest.mark.parametrize("name", list(VOLUMES))
+def test_many_threads_read_what_one_thread_reads(volumes, small_caches, name):
+    root, truth = volumes
+    vol = Volume.open(str(root / name))
+    before = dict(sharding.index_fetches)
+    bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=17)
+    assert not bad, f"{len(bad)} concurrent reads differ from the single-threaded read: {bad[:3]}"
+    assert sharding.minishard_cache.nbytes <= sharding.minishard_cache.max_bytes == CACHE_MAX
+    assert sharding._layout_cache.nbytes <= sharding._layout_cache.max_bytes == LAYOUT_CACHE_MAX
+    if "sharding" in VOLUMES[name]:
+        fetched = sum(sharding.index_fetches.values()) - sum(before.values())
+        distinct = len(list((root / name).rglob("*.shard"))) * (1 + 4)  # shard + 4 minishards
+        assert fetched > distinct, "the small cache should have evicted and re-fetched indices"
+
+
+def test_many_threads_over_http(volumes, small_caches):
+    root, truth = volumes
+    name = "cseg_u64_mm"
+    with servers.nginx_server(root) as srv:
+        vol = Volume.open(f"{srv.url}/{name}")
+        bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=99)
+        assert not bad, bad[:3]
+        assert all(r["status"] in (200, 206) for r in srv.requests())
+    assert sharding.minishard_cache.nbytes <= CACHE_MAX
+
+
+def test_cache_bound_holds_while_threads_insert(small_caches):
+    """The LRU itself: concurrent puts and gets never leave it above its bound (entries no larger
+    than the bound), and every value read back is the one stored under its key."""
+    cache = sharding.LRUCache(4096)
+    errors = []
+
+    def work(t):
+        rng = np.random.default_rng(t)
+        for i in range(2000):
+            k = int(rng.integers(0, 200))
+            v = cache.get(("k", k))
+            if v is not None and v != k * 7:
+                errors.append((k, v))
+            cache.put(("k", k), k * 7, int(rng.integers(16, 512)))
+            if cache.nbytes > cache.max_bytes:
+                errors.append(("over", cache.nbytes))
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(work, range(8)))
+    assert not errors, errors[:5]
+    assert 0 < cache.nbytes <= cache.max_bytes
+
+
+def test_dask_threads_through_xarray(volumes, small_caches):
+    root, truth = volumes
+    name = "raw_u16_c2_id"
+    ds = xr.open_dataset(str(root / name), engine="precomputed", chunks={"x": 16, "y": 8, "z": 8})
+    got = ds["image"].compute(scheduler="threads", num_workers=8).values
+    assert np.array_equal(got, truth[name])
+    assert sharding.minishard_cache.nbytes <= CACHE_MAX

@@ -1,0 +1,196 @@
+"""The `xarray-precomputed` command line: run as users run it (`python -m xarray_precomputed` and
+the installed console script, in subprocesses) for `info` and `convert`, and in-process through
+`cli.main` for the remaining options and errors (a subprocess costs seconds of imports)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from oracle import add_scale, make_data, read_info, ts_read, write_volume
+from xarray_precomputed.cli import main
+
+DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
+SCRIPT = Path(sys.executable).parent / "xarray-precomputed"
+
+
+def run(*args, script: bool = False, check: int | None = 0) -> subprocess.CompletedProcess:
+    cmd = [str(SCRIPT)] if script else [sys.executable, "-m", "xarray_precomputed"]
+    proc = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=120)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> Path:
+    """Two scales, three channels: a sharded identity-hash scale and an unsharded cseg-free one."""
+    path = tmp_path_factory.mktemp("cli") / "vol"
+    write_volume(path, make_data((37, 20, 9, 3), "uint16", 11), chunk_size=(8, 8, 4),
+                 voxel_offset=(3, -2, 5), resolution=(4, 4, 40),
+                 sharding=dict(preshift_bits=1, minishard_bits=1, shard_bits=3))
+    add_scale(path, make_data((19, 10, 5, 3), "uint16", 12), resolution=(8, 8, 80),
+              chunk_size=(8, 8, 4))
+    return path
+
+
+@pytest.fixture(scope="module")
+def segmentation(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "seg"
+    write_volume(path, make_data((40, 33, 18, 1), "uint64", 13, labels=True), chunk_size=(8, 8, 8),
+                 voxel_offset=(-4, 0, 7), encoding="compressed_segmentation",
+                 sharding=dict(preshift_bits=3, minishard_bits=0, shard_bits=4))
+    return path
+
+
+def cli(capsys, *args, code: int = 0) -> tuple[str, str]:
+    """Run `main` in-process; (stdout, stderr)."""
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:   # argparse usage errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == code, f"exit {rc}\n{out}\n{err}"
+    return out, err
+
+
+def ts_zarr(path) -> np.ndarray:
+    return np.asarray(ts.open({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                              "path": str(path)}}).result()
+                      .read().result())
+
+
+def test_console_script_is_installed():
+    assert SCRIPT.is_file(), "pip install -e . installs the xarray-precomputed script"
+    out = run("--help", script=True).stdout
+    assert "info" in out and "convert" in out
+    assert "convert" in run("--help").stdout
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_info_matches_the_info_file(volume, script):
+    out = run("info", volume, script=script).stdout
+    info = read_info(volume)
+    assert "image, uint16, 3 channels, 2 scales" in out
+    blocks = out.split("\n\nscale ")[1:]
+    assert len(blocks) == 2
+    for k, (s, text) in enumerate(zip(info["scales"], blocks)):
+        assert text.startswith(f"{k}  key {s['key']!r}")
+        assert f"size          {' x '.join(map(str, s['size']))} voxels" in text
+        assert f"voxel_offset  {', '.join(map(str, s['voxel_offset']))}" in text
+        assert f"resolution    {' x '.join(f'{r:g}' for r in s['resolution'])} nm" in text
+        assert f"chunk         {' x '.join(map(str, s['chunk_sizes'][0]))} " in text
+        assert f"encoding      {s['encoding']}" in text
+        nbytes = math.prod(s["size"]) * 3 * 2
+        assert f"({nbytes:,} bytes)" in text
+    assert "identity hash, preshift_bits 1, minishard_bits 1, shard_bits 3" in blocks[0]
+    # grid (5, 3, 3): 2 low Morton bits -> one x and one y bit: 2 x 2 x 1 chunks = 16 x 16 x 4
+    assert "shard box     16 x 16 x 4 voxels (2 x 2 x 1 chunks" in blocks[0]
+    assert "sharding      none" in blocks[1] and "shard box" not in blocks[1]
+
+
+def test_info_json(volume, segmentation, capsys):
+    summary = json.loads(cli(capsys, "info", "--json", volume)[0])
+    info = read_info(volume)
+    assert summary["num_channels"] == 3 and summary["data_type"] == "uint16"
+    for d, s in zip(summary["scales"], info["scales"]):
+        assert d["size"] == s["size"] and d["voxel_offset"] == s["voxel_offset"]
+        assert d["chunk_sizes"] == s["chunk_sizes"] and d["encoding"] == s["encoding"]
+        assert d["sharding"] == s.get("sharding")
+    assert summary["scales"][0]["shard_box_voxels"] == [16, 16, 4]
+    seg = json.loads(cli(capsys, "info", "--json", segmentation)[0])["scales"][0]
+    assert seg["compressed_segmentation_block_size"] == [8, 8, 8]
+    # grid (5, 5, 3), 3 low bits x, y, z: 2 x 2 x 2 chunks
+    assert seg["shard_box_chunks"] == [2, 2, 2] and seg["n_shard_boxes"] == 18
+
+
+def test_info_dvid_export(capsys):
+    out = cli(capsys, "info", DVID / "export-shards", "--info", DVID / "mcns-ng-specs.json")[0]
+    assert "(engine dvid_arrow)" in out
+    assert "scale 1  key '16x16x16'\n" in out and "scale 0  key '8x8x8'  (not in this export)" in out
+    assert "shard box     2048 x 2048 x 2048 voxels (32 x 32 x 32 chunks, 64.0 GiB" in out
+    assert "OME-Zarr      shard 512 x 512 x 512 voxels" in out
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_convert_round_trip(volume, tmp_path, script):
+    dst = tmp_path / "out.zarr"
+    out = run("convert", volume, dst, "--no-progress", script=script).stdout
+    assert "s0:" in out and "s1:" in out and "written" in out
+    for k in range(2):
+        assert np.array_equal(ts_zarr(dst / f"s{k}"), ts_read(volume, k).transpose(3, 2, 1, 0))
+    ome = json.loads((dst / "zarr.json").read_text())["attributes"]["ome"]
+    assert [d["path"] for d in ome["multiscales"][0]["datasets"]] == ["s0", "s1"]
+    assert ome["multiscales"][0]["name"] == "vol"
+    if not script:   # a second run finds every shard complete
+        again = run("convert", volume, dst, "--no-progress").stdout
+        assert "0 written" in again and "already complete" in again
+
+
+def test_convert_scale_and_shard_shape(segmentation, tmp_path, capsys):
+    dst = tmp_path / "seg.zarr"
+    cli(capsys, "convert", segmentation, dst, "--scale", "0", "--shard-shape", "16", "8", "16",
+        "--compressor", "blosc", "--no-progress")
+    arr = json.loads((dst / "s0" / "zarr.json").read_text())
+    cfg = arr["codecs"][0]["configuration"]
+    assert arr["chunk_grid"]["configuration"]["chunk_shape"] == [16, 8, 16]
+    assert cfg["chunk_shape"] == [8, 8, 8] and cfg["codecs"][1]["name"] == "blosc"
+    assert np.array_equal(ts_zarr(dst / "s0"), ts_read(segmentation)[..., 0].T)
+    # other settings on the same destination: refused, then --overwrite
+    err = cli(capsys, "convert", segmentation, dst, "--no-progress", code=1)[1]
+    assert "--overwrite" in err and "Traceback" not in err
+    cli(capsys, "convert", segmentation, dst, "--no-progress", "--overwrite")
+    assert np.array_equal(ts_zarr(dst / "s0"), ts_read(segmentation)[..., 0].T)
+
+
+def test_convert_progress_bar_on_request(volume, tmp_path, capsys):
+    assert "converting" in cli(capsys, "convert", volume, tmp_path / "p.zarr", "--progress")[1]
+    # stderr is not a terminal here: no bar by default
+    assert "converting" not in cli(capsys, "convert", volume, tmp_path / "q.zarr")[1]
+
+
+def test_convert_to_precomputed(volume, tmp_path, capsys):
+    dst = tmp_path / "copy"
+    cli(capsys, "convert", volume, dst, "--to", "precomputed", "--scale", "1")
+    info = read_info(dst)
+    assert len(info["scales"]) == 1 and info["num_channels"] == 3
+    assert np.array_equal(ts_read(dst, 0), ts_read(volume, 1))
+    dst2 = tmp_path / "resharded"
+    cli(capsys, "convert", volume, dst2, "--to", "precomputed", "--scale", "0", "--encoding", "raw",
+        "--chunk-size", "16", "16", "8", "--sharding", "none")
+    s = read_info(dst2)["scales"][0]
+    assert s["chunk_sizes"] == [[16, 16, 8]] and "sharding" not in s
+    assert np.array_equal(ts_read(dst2, 0), ts_read(volume, 0))
+
+
+def test_errors_and_usage(volume, tmp_path, capsys):
+    proc = run("info", tmp_path / "nothing-here", check=1)
+    assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+    err = cli(capsys, "convert", volume, tmp_path / "o.zarr", "--scale", "9", code=1)[1]
+    assert "no scale 9" in err
+    err = cli(capsys, "convert", volume, tmp_path / "o.zarr", "--shard-shape", "5", "5", "5",
+              code=1)[1]
+    assert "multiples of the chunk size" in err
+    cli(capsys, "convert", volume, code=2)                  # missing DST: a usage error
+    cli(capsys, "convert", volume, tmp_path / "o.zarr", "--max-shard-bytes", "lots", code=2)
+
+
+def test_readme_export_example_runs(volume, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Command line and OME-Zarr export", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code.replace('"/data/seg"', repr(str(volume))), "README.md", "exec"), ns)
+    assert ns["report"].written == sum(a.n_shards for a in ns["report"].arrays)
+    assert np.array_equal(ts_zarr(tmp_path / "seg.zarr" / "s1"),
+                          ts_read(volume, 1).transpose(3, 2, 1, 0))
+    assert np.array_equal(ts_zarr(tmp_path / "crop.zarr" / "s1"),
+                          ts_read(volume, 1)[:16, :8].transpose(3, 2, 1, 0))
