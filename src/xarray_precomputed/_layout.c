@@ -52,7 +52,66 @@
         }                                                                                         \
     }
 
-DEFINE_COPY(copy_u8, uint8_t)
+DEFINE_COPY(copy_u8_tiled, uint8_t)
+
+/* Transposes an 8x8 byte matrix held as 8 little-endian words (r[i] byte j = M[i][j]) in place, so
+ * that r[j] byte i = M[i][j]: three rounds of swapping blocks (4x4, 2x2, 1x1) across the diagonal. */
+static inline void transpose8x8(uint64_t r[8])
+{
+    for (int i = 0; i < 4; i++) {
+        uint64_t t = ((r[i] >> 32) ^ r[i + 4]) & 0x00000000FFFFFFFFULL;
+        r[i] ^= t << 32;
+        r[i + 4] ^= t;
+    }
+    for (int i = 0; i < 8; i += (i % 4 == 1) ? 3 : 1) { /* i = 0, 1, 4, 5 */
+        uint64_t t = ((r[i] >> 16) ^ r[i + 2]) & 0x0000FFFF0000FFFFULL;
+        r[i] ^= t << 16;
+        r[i + 2] ^= t;
+    }
+    for (int i = 0; i < 8; i += 2) {
+        uint64_t t = ((r[i] >> 8) ^ r[i + 1]) & 0x00FF00FF00FF00FFULL;
+        r[i] ^= t << 8;
+        r[i + 1] ^= t;
+    }
+}
+
+/* uint8 with z contiguous in the destination (the C-ordered single-channel case): whole 8x8 (x, z)
+ * blocks move as eight 64-bit loads, a register transpose and eight 64-bit stores; the rest (edges,
+ * other layouts) goes through the tiled copy. */
+static void copy_u8(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz,
+                    Py_ssize_t nc, Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc,
+                    const Py_ssize_t *ds)
+{
+    if (ds[2] != 1 || nx < 8 || nz < 8) {
+        copy_u8_tiled(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds);
+        return;
+    }
+    Py_ssize_t bx = nx & ~(Py_ssize_t)7, bz = nz & ~(Py_ssize_t)7;
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        for (Py_ssize_t y = 0; y < ny; y++) {
+            const uint8_t *splane = (const uint8_t *)src + y * ssy + c * ssc;
+            char *dplane = dst + y * ds[1] + c * ds[3];
+            for (Py_ssize_t x0 = 0; x0 < bx; x0 += 8) {
+                for (Py_ssize_t z0 = 0; z0 < bz; z0 += 8) {
+                    uint64_t r[8];
+                    for (int i = 0; i < 8; i++)
+                        memcpy(&r[i], splane + (z0 + i) * ssz + x0, 8);
+                    transpose8x8(r);
+                    for (int j = 0; j < 8; j++)
+                        memcpy(dplane + (x0 + j) * ds[0] + z0, &r[j], 8);
+                }
+            }
+        }
+    }
+    Py_ssize_t ds_edge[4] = {ds[0], ds[1], ds[2], ds[3]};
+    /* the x edge (all z), then the z edge of the whole-x part */
+    if (bx < nx)
+        copy_u8_tiled((const char *)src + bx, dst + bx * ds[0], nx - bx, ny, nz, nc, ssy, ssz, ssc,
+                      ds_edge);
+    if (bz < nz)
+        copy_u8_tiled((const char *)src + bz * ssz, dst + bz * ds[2], bx, ny, nz - bz, nc, ssy, ssz,
+                      ssc, ds_edge);
+}
 DEFINE_COPY(copy_u16, uint16_t)
 DEFINE_COPY(copy_u32, uint32_t)
 DEFINE_COPY(copy_u64, uint64_t)
