@@ -11,15 +11,16 @@ import math
 import os
 import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from .codecs import get_decoder
-from .errors import BoundsError, MissingChunkError, PrecomputedError, StorageError
+from .errors import MissingChunkError, PrecomputedError, StorageError
 from .info import ScaleInfo, VolumeInfo, parse_info
 from .morton import chunk_key, compressed_morton
+from .selection import (as_index, axis_parts, box_selection, outer_selection, part_bounds,
+                        selection_shape)
 from .sharding import ShardReader, chunk_location, group_by_shard
 from .storage import Store, open_store, store_options_key, strip_scheme_prefix
 
@@ -109,41 +110,6 @@ def _restore_reader(url, options_json, info_text, scale_index, chunk_size_index,
                        fill_missing=fill_missing, chunk_size_index=chunk_size_index)
 
 
-@dataclass(frozen=True)
-class _AxisPart:
-    """The part of one axis' selection that falls in one grid cell."""
-    cell: int
-    dest: slice | np.ndarray   # positions in the output
-    local: slice | np.ndarray  # positions inside the chunk
-
-
-def _axis_parts(idx: slice | np.ndarray, chunk: int) -> list[_AxisPart]:
-    if isinstance(idx, slice):
-        start, stop = idx.start, idx.stop
-        parts = []
-        for g in range(start // chunk, -(-stop // chunk)):
-            lo, hi = max(start, g * chunk), min(stop, (g + 1) * chunk)
-            parts.append(_AxisPart(g, slice(lo - start, hi - start), slice(lo - g * chunk, hi - g * chunk)))
-        return parts
-    cells = idx // chunk
-    parts = []
-    for g in np.unique(cells).tolist():
-        pos = np.nonzero(cells == g)[0]
-        local = idx[pos] - g * chunk
-        if len(pos) == pos[-1] - pos[0] + 1 and np.all(np.diff(local) == 1):
-            parts.append(_AxisPart(g, slice(int(pos[0]), int(pos[-1]) + 1),
-                                   slice(int(local[0]), int(local[-1]) + 1)))
-        else:
-            parts.append(_AxisPart(g, pos, local))
-    return parts
-
-
-def _bounds(local: slice | np.ndarray) -> tuple[int, int]:
-    if isinstance(local, slice):
-        return local.start, local.stop
-    return int(local.min()), int(local.max()) + 1
-
-
 class ScaleReader:
     """Reads boxes and outer selections of one scale. Small and picklable: it carries the URL and
     the info text; stores and shard indices are per-process caches found again after unpickling."""
@@ -196,45 +162,12 @@ class ScaleReader:
     def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
         """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as a C-ordered
         (X, Y, Z, C) array. None reads the whole scale."""
-        box = tuple(box) if box is not None else (slice(None),) * 3
-        if len(box) != 3:
-            raise BoundsError(f"a box has 3 slices (x, y, z), got {len(box)}")
-        sel = []
-        for axis, (sl, n) in enumerate(zip(box, self.scale_info.size)):
-            if not isinstance(sl, slice) or sl.step not in (None, 1):
-                raise BoundsError(f"axis {'xyz'[axis]}: read() takes slices with step 1, got {sl!r}; "
-                                  "use read_outer for strided or listed indices")
-            start = 0 if sl.start is None else int(sl.start)
-            stop = n if sl.stop is None else int(sl.stop)
-            if not 0 <= start <= stop <= n:
-                raise BoundsError(f"axis {'xyz'[axis]}: [{start}, {stop}) is outside [0, {n}) "
-                                  f"of scale {self.scale_info.key!r}")
-            sel.append(slice(start, stop))
-        return self._read(sel)
+        return self._read(box_selection(box, self.scale_info.size, self.scale_info.key))
 
     def read_outer(self, ix, iy, iz) -> np.ndarray:
         """The outer product of three index selections (each a slice, possibly strided, or a 1-D
         array of non-negative indices) of every channel, as a C-ordered (X, Y, Z, C) array."""
-        sel = []
-        for axis, (idx, n) in enumerate(zip((ix, iy, iz), self.scale_info.size)):
-            name = "xyz"[axis]
-            if isinstance(idx, slice):
-                start, stop, step = idx.indices(n)
-                if step == 1:
-                    sel.append(slice(start, max(start, stop)))
-                    continue
-                idx = np.arange(start, stop, step)
-            arr = np.asarray(idx)
-            if arr.ndim == 0:
-                arr = arr.reshape(1)
-            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                raise BoundsError(f"axis {name}: indices must be a 1-D integer array, got {idx!r}")
-            arr = arr.astype(np.int64)
-            if arr.size and (arr.min() < 0 or arr.max() >= n):
-                raise BoundsError(f"axis {name}: indices outside [0, {n}) of scale "
-                                  f"{self.scale_info.key!r}: min {arr.min()}, max {arr.max()}")
-            sel.append(arr)
-        return self._read(sel)
+        return self._read(outer_selection((ix, iy, iz), self.scale_info.size, self.scale_info.key))
 
     # -- the machinery
     def _cell_shape(self, cell) -> tuple[int, int, int]:
@@ -250,11 +183,10 @@ class ScaleReader:
         return f"{s.path}/{name}" if s.path else name
 
     def _read(self, sel: list) -> np.ndarray:
-        out_shape = tuple((s.stop - s.start) if isinstance(s, slice) else len(s) for s in sel)
-        out = _zeros((*out_shape, self.info.num_channels), self.dtype)
+        out = _zeros((*selection_shape(sel), self.info.num_channels), self.dtype)
         if out.size == 0:
             return out
-        parts = [_axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
+        parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
         jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
         cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
         self._fetch_and_decode(cells, jobs, out)
@@ -268,16 +200,11 @@ class ScaleReader:
             view = out[job[0].dest, job[1].dest, job[2].dest]
             self._decode(data, view, origin=tuple(p.local.start for p in job), **kw)
             return
-        lo_hi = [_bounds(p.local) for p in job]
+        lo_hi = [part_bounds(p.local) for p in job]
         tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)
         self._decode(data, tmp, origin=tuple(lo for lo, _ in lo_hi), **kw)
-        src_idx, dst_idx = [], []
-        for p, (lo, _) in zip(job, lo_hi):
-            local = p.local
-            src_idx.append(np.arange(local.start, local.stop) - lo if isinstance(local, slice) else local - lo)
-            dest = p.dest
-            dst_idx.append(np.arange(dest.start, dest.stop) if isinstance(dest, slice) else dest)
-        out[np.ix_(*dst_idx)] = tmp[np.ix_(*src_idx)]
+        src_idx = [as_index(p.local) - lo for p, (lo, _) in zip(job, lo_hi)]
+        out[np.ix_(*(as_index(p.dest) for p in job))] = tmp[np.ix_(*src_idx)]
 
     def _missing(self, describe: str) -> None:
         if not self.fill_missing:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import BoundsError, InfoError, MissingChunkError, PrecomputedError
 from ..info import ScaleInfo, VolumeInfo, parse_info
+from ..selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
 from ..storage import is_local, open_store, store_options_key, strip_scheme_prefix
 from .block import decode_block, scratch_block
 from .shards import ShardFiles, ShardLayout, block_bytes, max_block_bytes
@@ -89,23 +90,6 @@ def _restore(url, options_json, info_text, scale_index, labels, fill_missing):
                            fill_missing=fill_missing, storage_options=json.loads(options_json))
 
 
-def _axis_parts(idx: slice | np.ndarray, chunk: int) -> list[tuple[int, Any, Any]]:
-    """(grid cell, positions in the output, positions inside the chunk) per touched cell."""
-    if isinstance(idx, slice):
-        start, stop = idx.start, idx.stop
-        parts = []
-        for g in range(start // chunk, -(-stop // chunk)):
-            lo, hi = max(start, g * chunk), min(stop, (g + 1) * chunk)
-            parts.append((g, slice(lo - start, hi - start), slice(lo - g * chunk, hi - g * chunk)))
-        return parts
-    cells = idx // chunk
-    parts = []
-    for g in np.unique(cells).tolist():
-        pos = np.nonzero(cells == g)[0]
-        parts.append((g, pos, idx[pos] - g * chunk))
-    return parts
-
-
 class DvidScaleReader:
     """Reads boxes and outer selections of one scale of a DVID export-shards directory."""
 
@@ -151,45 +135,12 @@ class DvidScaleReader:
     def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
         """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) as a C-ordered (X, Y, Z, 1)
         uint64 array. None reads the whole scale."""
-        box = tuple(box) if box is not None else (slice(None),) * 3
-        if len(box) != 3:
-            raise BoundsError(f"a box has 3 slices (x, y, z), got {len(box)}")
-        sel = []
-        for axis, (sl, n) in enumerate(zip(box, self.scale_info.size)):
-            if not isinstance(sl, slice) or sl.step not in (None, 1):
-                raise BoundsError(f"axis {'xyz'[axis]}: read() takes slices with step 1, got "
-                                  f"{sl!r}; use read_outer for strided or listed indices")
-            start = 0 if sl.start is None else int(sl.start)
-            stop = n if sl.stop is None else int(sl.stop)
-            if not 0 <= start <= stop <= n:
-                raise BoundsError(f"axis {'xyz'[axis]}: [{start}, {stop}) is outside [0, {n}) "
-                                  f"of scale {self.scale_info.key!r}")
-            sel.append(slice(start, stop))
-        return self._read(sel)
+        return self._read(box_selection(box, self.scale_info.size, self.scale_info.key))
 
     def read_outer(self, ix, iy, iz) -> np.ndarray:
         """The outer product of three selections (a slice, possibly strided, or a 1-D array of
         non-negative indices per axis) as a C-ordered (X, Y, Z, 1) uint64 array."""
-        sel = []
-        for axis, (idx, n) in enumerate(zip((ix, iy, iz), self.scale_info.size)):
-            name = "xyz"[axis]
-            if isinstance(idx, slice):
-                start, stop, step = idx.indices(n)
-                if step == 1:
-                    sel.append(slice(start, max(start, stop)))
-                    continue
-                idx = np.arange(start, stop, step)
-            arr = np.asarray(idx)
-            if arr.ndim == 0:
-                arr = arr.reshape(1)
-            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                raise BoundsError(f"axis {name}: indices must be a 1-D integer array, got {idx!r}")
-            arr = arr.astype(np.int64)
-            if arr.size and (arr.min() < 0 or arr.max() >= n):
-                raise BoundsError(f"axis {name}: indices outside [0, {n}) of scale "
-                                  f"{self.scale_info.key!r}: min {arr.min()}, max {arr.max()}")
-            sel.append(arr)
-        return self._read(sel)
+        return self._read(outer_selection((ix, iy, iz), self.scale_info.size, self.scale_info.key))
 
     def chunk(self, cell: Sequence[int]) -> np.ndarray | None:
         """One whole decoded chunk (X, Y, Z) by grid cell, or None when it is absent."""
@@ -214,20 +165,19 @@ class DvidScaleReader:
                             out=out)
 
     def _read(self, sel: list) -> np.ndarray:
-        out_shape = tuple((s.stop - s.start) if isinstance(s, slice) else len(s) for s in sel)
-        out = np.zeros((*out_shape, 1), dtype=np.uint64)
+        out = np.zeros((*selection_shape(sel), 1), dtype=np.uint64)
         if out.size == 0:
             return out
-        parts = [_axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
+        parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
         jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
         by_shard: dict[tuple, list[int]] = {}
         for j, job in enumerate(jobs):
-            cell = tuple(p[0] for p in job)
+            cell = tuple(p.cell for p in job)
             by_shard.setdefault(self.layout.shard_of(cell), []).append(j)
         files = self.files
 
         def fetch(shard, members):
-            cells = [tuple(p[0] for p in jobs[j]) for j in members]
+            cells = [tuple(p.cell for p in jobs[j]) for j in members]
             recs = files.records(shard, cells, lambda i: self._describe(files, cells[i]))
             return [(j, c, r) for j, c, r in zip(members, cells, recs)]
 
@@ -238,13 +188,13 @@ class DvidScaleReader:
                     raise MissingChunkError("is missing (fill_missing=False)", chunk=where)
                 return
             block = self._decode(rec, where, out=scratch_block(self.chunk_size))
-            (_, dx, lx), (_, dy, ly), (_, dz, lz) = jobs[j]
-            if all(isinstance(p, slice) for p in (dx, dy, dz)):
-                out[dx, dy, dz, 0] = block[lx, ly, lz]
+            job = jobs[j]
+            if all(isinstance(p.dest, slice) for p in job):
+                out[job[0].dest, job[1].dest, job[2].dest, 0] = \
+                    block[job[0].local, job[1].local, job[2].local]
             else:
-                dst = [np.arange(p.start, p.stop) if isinstance(p, slice) else p for p in (dx, dy, dz)]
-                src = [np.arange(p.start, p.stop) if isinstance(p, slice) else p for p in (lx, ly, lz)]
-                out[(*np.ix_(*dst), 0)] = block[np.ix_(*src)]
+                dst = [as_index(p.dest) for p in job]
+                out[(*np.ix_(*dst), 0)] = block[np.ix_(*(as_index(p.local) for p in job))]
 
         groups = list(by_shard.items())
         if len(jobs) == 1:
