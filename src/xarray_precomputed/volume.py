@@ -29,8 +29,8 @@ _pool_pid: int | None = None
 _pool_lock = threading.Lock()
 
 
-def _executor() -> ThreadPoolExecutor:
-    """One I/O + decode pool per process (re-made after a fork)."""
+def executor() -> ThreadPoolExecutor:
+    """The I/O + decode pool of this process, shared by every reader (re-made after a fork)."""
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
@@ -246,7 +246,7 @@ class ScaleReader:
         if len(groups) == 1 and len(groups[0][1]) == 1:
             finish(fetch(*groups[0]))
             return
-        pool = _executor()
+        pool = executor()
         # With enough groups to keep every worker busy, each task fetches and decodes its group;
         # otherwise (a read inside one or two shards) the chunks of a group decode in parallel.
         inline = len(groups) >= pool._max_workers

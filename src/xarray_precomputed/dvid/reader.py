@@ -7,8 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -16,27 +14,12 @@ import numpy as np
 from ..errors import BoundsError, InfoError, MissingChunkError, PrecomputedError
 from ..info import ScaleInfo, VolumeInfo, parse_info
 from ..selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
+from ..volume import executor
 from ..storage import is_local, open_store, store_options_key, strip_scheme_prefix
 from .block import decode_block, scratch_block
 from .shards import ShardFiles, ShardLayout, block_bytes, max_block_bytes
 
 LABEL_MODES = ("agglomerated", "supervoxels")
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
-_pool_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    """One fetch + decode pool per process (re-made after a fork)."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
-                                       thread_name_prefix="xarray-precomputed-dvid")
-            _pool_pid = os.getpid()
-        return _pool
-
 
 def load_info(info: Any, *, storage_options: dict | None = None) -> VolumeInfo:
     """The neuroglancer `info` an export was made from: a VolumeInfo, a mapping, JSON text or
@@ -201,7 +184,7 @@ class DvidScaleReader:
             for j, c, r in fetch(*groups[0]):
                 place(j, c, r)
             return out
-        pool = _executor()
+        pool = executor()
         fetched = [pool.submit(fetch, s, m) for s, m in groups]
         decodes = []
         try:
