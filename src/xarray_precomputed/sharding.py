@@ -157,14 +157,15 @@ class LRUCache:
             return v[0]
 
     def put(self, key, value, nbytes: int) -> None:
+        # Evict first, then add: the total never exceeds the bound, even for a moment.
         with self._lock:
-            if key in self._d:
+            if key in self._d or nbytes > self.max_bytes:
                 return
-            self._d[key] = (value, nbytes)
-            self._bytes += nbytes
-            while self._bytes > self.max_bytes and len(self._d) > 1:
+            while self._bytes + nbytes > self.max_bytes and self._d:
                 _, (_, nb) = self._d.popitem(last=False)
                 self._bytes -= nb
+            self._d[key] = (value, nbytes)
+            self._bytes += nbytes
 
     def __len__(self) -> int:
         return len(self._d)
