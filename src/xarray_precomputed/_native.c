@@ -373,6 +373,30 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 }
 
 /* The whole decode; runs without the GIL.  buf/len: the chunk bytes. */
+
+/* A channel's data runs from its offset to the end of the chunk; it must at least hold the block
+ * headers. Sets *clen (words) or the error. Used by both passes: the second re-checks because the
+ * buffer may change while the GIL is released. */
+static int channel_extent(uint64_t off, uint64_t nwords, uint64_t gxy, const cseg_geom *G,
+                          cseg_err *err, uint64_t *clen)
+{
+    if (off > nwords) {
+        err->code = E_CHAN_OFF;
+        err->a = off;
+        err->b = nwords;
+        return -1;
+    }
+    *clen = nwords - off;
+    if (gxy != 0 && (uint64_t)G->g[2] > (*clen / 2) / gxy) {
+        err->code = E_HEADERS;
+        err->a = off;
+        err->b = sat_mul(gxy, (uint64_t)G->g[2]);
+        err->c = nwords;
+        return -1;
+    }
+    return 0;
+}
+
 static int cseg_run(const unsigned char *buf, uint64_t len, Py_ssize_t nc,
                     const cseg_geom *G, char *out, cseg_err *err)
 {
@@ -399,20 +423,8 @@ static int cseg_run(const unsigned char *buf, uint64_t len, Py_ssize_t nc,
         const uint64_t off = ld32(buf + 4 * (uint64_t)c);
         uint64_t clen;
         err->chan = c;
-        if (off > nwords) {
-            err->code = E_CHAN_OFF;
-            err->a = off;
-            err->b = nwords;
+        if (channel_extent(off, nwords, gxy, G, err, &clen) < 0)
             return -1;
-        }
-        clen = nwords - off;
-        if (gxy != 0 && (uint64_t)G->g[2] > (clen / 2) / gxy) {
-            err->code = E_HEADERS;
-            err->a = off;
-            err->b = sat_mul(gxy, (uint64_t)G->g[2]);
-            err->c = nwords;
-            return -1;
-        }
         if (check_channel(buf + 4 * off, clen, G, err) < 0)
             return -1;
     }
@@ -424,20 +436,8 @@ static int cseg_run(const unsigned char *buf, uint64_t len, Py_ssize_t nc,
         char *outc = out + c * G->st[3];
         int rc;
         err->chan = c;
-        if (off > nwords) {
-            err->code = E_CHAN_OFF;
-            err->a = off;
-            err->b = nwords;
+        if (channel_extent(off, nwords, gxy, G, err, &clen) < 0)
             return -1;
-        }
-        clen = nwords - off;
-        if (gxy != 0 && (uint64_t)G->g[2] > (clen / 2) / gxy) {
-            err->code = E_HEADERS;
-            err->a = off;
-            err->b = sat_mul(gxy, (uint64_t)G->g[2]);
-            err->c = nwords;
-            return -1;
-        }
         if (G->es == 8)
             rc = decode_channel64(buf + 4 * off, clen, G, outc, err);
         else
