@@ -125,3 +125,30 @@ def test_persistent_failure_ends_in_a_storage_error(volumes, monkeypatch):
     with serve(str(root), fail_first=10_000) as (base, _):
         with pytest.raises(StorageError, match="info"):
             Volume.open(f"{base}/plain")
+
+
+def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
+    """read_with passes the whole value (through a reused buffer, or a fresh one past the
+    scratch bound) and returns what the consumer returns; absent keys and folders are None."""
+    from xarray_precomputed import storage
+
+    (tmp_path / "big").write_bytes(bytes(range(256)) * 40)
+    (tmp_path / "small").write_bytes(b"abc")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "dir").mkdir()
+    s = LocalStore(str(tmp_path))
+    assert s.read_with("big", bytes) == bytes(range(256)) * 40
+    assert s.read_with("small", bytes) == b"abc"  # not followed by the rest of the larger value
+    assert s.read_with("empty", bytes) == b""
+    assert s.read_with("absent", bytes) is None
+    assert s.read_with("dir", bytes) is None
+    assert s.read_with("dir/absent", bytes) is None
+    monkeypatch.setattr(storage, "SCRATCH_MAX_BYTES", 100)
+    assert s.read_with("big", bytes) == bytes(range(256)) * 40
+    with pytest.raises(ZeroDivisionError):  # a consumer's error passes through
+        s.read_with("small", lambda b: 1 / 0)
+    assert s.read_with("small", bytes) == b"abc"
+    os.chmod(tmp_path / "small", 0)
+    if os.geteuid() != 0:
+        with pytest.raises(PermissionDeniedError):
+            s.read_with("small", bytes)

@@ -728,3 +728,51 @@ def test_two_threads_decode_concurrently():
     assert not errors, errors
     for bs in chunks:
         np.testing.assert_array_equal(results[bs][..., 0], big)
+
+
+# --------------------------------------------------------------------------- streaming stores
+
+
+def _line_aligned(shape, dtype) -> np.ndarray:
+    raw = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+@pytest.mark.parametrize("block", [(8, 8, 8), (4, 2, 16), (3, 5, 8), (8, 8, 32)])
+@pytest.mark.parametrize("nc", [1, 2])
+def test_streaming_stores_write_what_regular_stores_write(dtype, block, nc):
+    """stream=True (whole aligned 64-byte rows with non-temporal stores) decodes exactly what the
+    regular path does, into line-aligned results where some rows qualify and others do not, and
+    writes nothing outside the requested box."""
+    rng = np.random.default_rng(11)
+    shape = (24, 20, 64)
+    arr = labels(rng, shape + (nc,), 40, dtype)
+    arr[:8, :8, :] = arr[0, 0, 0, 0]  # solid blocks
+    chunk = encode(arr, block)
+    boxes = [((0, 0, 0), shape), ((3, 2, 16), (11, 7, 32)), ((0, 0, 0), (24, 20, 48)),
+             ((5, 1, 3), (7, 9, 50)), ((0, 0, 8), (8, 8, 8))]
+    for origin, size in boxes:
+        for pad in (0, 16, 7):  # z padding changes which rows start on a line
+            base = _line_aligned((size[0] + 2, size[1] + 1, size[2] + pad, nc), dtype)
+            out = base[1:1 + size[0], :size[1], :size[2]]
+            ref = np.zeros_like(base)
+            decode_into(chunk, out, chunk_shape=shape, block_size=block, origin=origin, chunk="t",
+                        stream=True)
+            decode_into(chunk, ref[1:1 + size[0], :size[1], :size[2]], chunk_shape=shape,
+                        block_size=block, origin=origin, chunk="t")
+            sl = tuple(slice(o, o + s) for o, s in zip(origin, size))
+            np.testing.assert_array_equal(out, arr[sl], err_msg=f"{origin} {size} pad {pad}")
+            np.testing.assert_array_equal(base, ref)  # same bytes everywhere, outside included
+
+
+def test_streaming_stores_still_reject_bad_indices():
+    rng = np.random.default_rng(5)
+    arr = labels(rng, (8, 8, 8, 1), 200, np.uint64)
+    chunk = bytearray(encode(arr, (8, 8, 8)))
+    # shrink the data so the block's table (which runs to the end of the chunk) loses entries
+    bad = bytes(chunk[:-8 * 150])
+    out = _line_aligned((8, 8, 8, 1), np.uint64)
+    with pytest.raises(CorruptChunkError):
+        decode_into(bad, out, chunk_shape=(8, 8, 8), block_size=(8, 8, 8), chunk="t", stream=True)

@@ -40,3 +40,48 @@ def test_copy_rejects_wrong_length_and_regions_outside_the_chunk():
     with pytest.raises(ValueError):
         copy_fortran_chunk(b"\0" * 64, np.zeros((4, 4, 4), np.uint8), (4, 4, 4), (0, 0, 0))
     assert copy_fortran_chunk(b"\0" * 8, np.zeros((2, 2, 2, 1), np.uint8), np.array([2, 2, 2]), (np.int64(0), 0, 0)) is None
+
+
+def _line_aligned(shape) -> np.ndarray:
+    n = int(np.prod(shape))
+    raw = np.zeros(n + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + n].reshape(shape)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=st.tuples(st.integers(1, 140), st.integers(1, 5), st.integers(1, 140)),
+       stream=st.booleans(), zpad=st.sampled_from([0, 1, 16, 64]), data=st.data())
+def test_uint8_z_contiguous_tiles_match_numpy(shape, stream, zpad, data):
+    """The single-channel uint8 path (64x64 tiles, 16x16 register transposes, streamed aligned
+    rows): every size around the tile and block edges, every alignment of the destination rows."""
+    rng = np.random.default_rng(sum(shape))
+    chunk = rng.integers(0, 256, (*shape, 1), dtype=np.uint8)
+    origin = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
+    extent = tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, origin))
+    big = _line_aligned((extent[0] + 1, extent[1], extent[2] + zpad, 1))
+    view = big[1:, :, :extent[2]]
+    assert view.strides[2] == 1
+    copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
+    o = origin
+    assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
+    big[1:, :, :extent[2]] = 0
+    assert not big.any()
+
+
+@pytest.mark.parametrize("shape, origin, extent, zpad", [
+    ((64, 64, 64), (0, 0, 0), (64, 64, 64), 0),        # every row a whole aligned line
+    ((128, 3, 192), (0, 0, 0), (128, 3, 192), 64),     # several tiles per axis
+    ((100, 2, 130), (3, 1, 2), (90, 1, 128), 0),       # whole lines and edges in one copy
+    ((64, 4, 64), (0, 0, 0), (64, 4, 64), 1),          # rows off the line grid: no streaming
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_uint8_streamed_rows(shape, origin, extent, zpad, stream):
+    rng = np.random.default_rng(7)
+    chunk = rng.integers(0, 256, (*shape, 1), dtype=np.uint8)
+    big = _line_aligned((extent[0], extent[1], extent[2] + zpad, 1))
+    view = big[:, :, :extent[2]]
+    copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
+    o = origin
+    assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
+    assert not big[:, :, extent[2]:].any()

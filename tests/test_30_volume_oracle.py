@@ -359,3 +359,20 @@ def test_pickled_reader_reads_the_same(oracle_volume):
     r2 = pickle.loads(pickle.dumps(r))
     box = (slice(3, 30), slice(10, 40), slice(0, 17))
     same(r2.read(box), vol.truth[0][box])
+
+
+@pytest.mark.parametrize("name", DATA_NAMES)
+def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
+    """Results past LARGE_RESULT_BYTES are allocated line-aligned without huge pages and written
+    with streaming stores; with the threshold at 0 every read takes that path."""
+    from xarray_precomputed import volume
+
+    monkeypatch.setattr(volume, "LARGE_RESULT_BYTES", 0)
+    vol = oracle_volume(name)
+    r = Volume.open(vol.url).scale(0)
+    got = r.read()
+    assert got.ctypes.data % 64 == 0
+    same(got, vol.truth[0])
+    rng = np.random.default_rng(seed(name, "large"))
+    for box in random_boxes(vol.truth[0].shape, rng, 6):
+        same(r.read(box), vol.truth[0][box])

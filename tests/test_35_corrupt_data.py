@@ -144,3 +144,39 @@ def test_every_error_is_a_precomputed_error(tmp_path):
     shard.write_bytes(b"\x01" * 7)
     with pytest.raises(PrecomputedError):
         _read(path)
+
+
+@pytest.mark.parametrize("libdeflate", [True, False])
+def test_gzip_paths_agree_and_stay_bounded(monkeypatch, libdeflate):
+    """decode_gzip hands well-formed members to libdeflate and everything else to bounded zlib:
+    both paths accept and refuse the same inputs, and a forged size trailer cannot unbound it."""
+    import zlib
+
+    from xarray_precomputed import sharding
+
+    if not libdeflate:
+        monkeypatch.setattr(sharding, "_deflate", None)
+    assert sharding._deflate is not None or not libdeflate  # the dependency is installed
+
+    def dec(b, limit=1 << 20):
+        return bytes(sharding.decode_gzip(b, limit, where="c", what="chunk data"))
+
+    payload = bytes(range(256)) * 300
+    g = gzip.compress(payload)
+    assert dec(g) == payload
+    assert dec(zlib.compress(payload)) == payload
+    assert dec(g + b"trailing") == payload  # bytes after the member are ignored, as zlib does
+    with pytest.raises(CorruptChunkError, match="bound"):
+        dec(g, limit=1000)
+    bomb = gzip.compress(b"\0" * (8 << 20), compresslevel=9)
+    forged = bomb[:-4] + struct.pack("<I", 100)  # the trailer claims 100 bytes
+    with pytest.raises(CorruptChunkError, match="bound"):
+        dec(forged)
+    wrong_size = g[:-4] + struct.pack("<I", len(payload) - 1)
+    with pytest.raises(CorruptChunkError, match="corrupt"):
+        dec(wrong_size)
+    bad_crc = g[:-8] + b"\0\0\0\0" + g[-4:]
+    with pytest.raises(CorruptChunkError, match="corrupt"):
+        dec(bad_crc)
+    with pytest.raises(CorruptChunkError, match="truncated"):
+        dec(g[:-10])

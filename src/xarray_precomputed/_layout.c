@@ -54,63 +54,109 @@
 
 DEFINE_COPY(copy_u8_tiled, uint8_t)
 
-/* Transposes an 8x8 byte matrix held as 8 little-endian words (r[i] byte j = M[i][j]) in place, so
- * that r[j] byte i = M[i][j]: three rounds of swapping blocks (4x4, 2x2, 1x1) across the diagonal. */
-static inline void transpose8x8(uint64_t r[8])
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* Transposes the 16x16 byte matrix at `in` (rows `is` bytes apart) into `out` (rows `os` apart):
+ * four rounds of interleaving, bytes -> 16-bit pairs -> 32-bit quads -> 64-bit octets. */
+static inline void transpose16(const uint8_t *in, Py_ssize_t is, uint8_t *out, Py_ssize_t os)
 {
-    for (int i = 0; i < 4; i++) {
-        uint64_t t = ((r[i] >> 32) ^ r[i + 4]) & 0x00000000FFFFFFFFULL;
-        r[i] ^= t << 32;
-        r[i + 4] ^= t;
+    __m128i r[16], a[16], b[16];
+    int k;
+    for (k = 0; k < 16; k++)
+        r[k] = _mm_loadu_si128((const __m128i *)(in + k * is));
+    /* a[2k + h]: rows 2k, 2k+1 interleaved, columns 8h..8h+7 */
+    for (k = 0; k < 8; k++) {
+        a[2 * k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
     }
-    for (int i = 0; i < 8; i += (i % 4 == 1) ? 3 : 1) { /* i = 0, 1, 4, 5 */
-        uint64_t t = ((r[i] >> 16) ^ r[i + 2]) & 0x0000FFFF0000FFFFULL;
-        r[i] ^= t << 16;
-        r[i + 2] ^= t;
-    }
-    for (int i = 0; i < 8; i += 2) {
-        uint64_t t = ((r[i] >> 8) ^ r[i + 1]) & 0x00FF00FF00FF00FFULL;
-        r[i] ^= t << 8;
-        r[i + 1] ^= t;
+    /* b[4k + q]: rows 4k..4k+3 of columns 4q..4q+3 */
+    for (k = 0; k < 4; k++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * k + 2 * h] = _mm_unpacklo_epi16(a[4 * k + h], a[4 * k + 2 + h]);
+            b[4 * k + 2 * h + 1] = _mm_unpackhi_epi16(a[4 * k + h], a[4 * k + 2 + h]);
+        }
+    /* a[8m + e]: rows 8m..8m+7 of columns 2e, 2e+1 */
+    for (int m = 0; m < 2; m++)
+        for (int q = 0; q < 4; q++) {
+            a[8 * m + 2 * q] = _mm_unpacklo_epi32(b[8 * m + q], b[8 * m + 4 + q]);
+            a[8 * m + 2 * q + 1] = _mm_unpackhi_epi32(b[8 * m + q], b[8 * m + 4 + q]);
+        }
+    for (int e = 0; e < 8; e++) {
+        _mm_storeu_si128((__m128i *)(out + (2 * e) * os), _mm_unpacklo_epi64(a[e], a[8 + e]));
+        _mm_storeu_si128((__m128i *)(out + (2 * e + 1) * os), _mm_unpackhi_epi64(a[e], a[8 + e]));
     }
 }
 
-/* uint8 with z contiguous in the destination (the C-ordered single-channel case): whole 8x8 (x, z)
- * blocks move as eight 64-bit loads, a register transpose and eight 64-bit stores; the rest (edges,
- * other layouts) goes through the tiled copy. */
+/* A full 64-byte line to an aligned destination, bypassing the cache (see copy_u8). */
+static inline void stream_line(char *dst, const uint8_t *src)
+{
+    for (int k = 0; k < 4; k++)
+        _mm_stream_si128((__m128i *)dst + k, _mm_loadu_si128((const __m128i *)src + k));
+}
+#define LAYOUT_SSE2 1
+#else
+static inline void transpose16(const uint8_t *in, Py_ssize_t is, uint8_t *out, Py_ssize_t os)
+{
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            out[j * os + i] = in[i * is + j];
+}
+#define LAYOUT_SSE2 0
+#endif
+
+/* uint8 with z contiguous in the destination (the C-ordered single-channel case). Each y-plane
+ * is cut into 64x64 (z, x) tiles: the tile's source rows (a whole y-z plane apart, so they would
+ * all share one L1 set) are gathered into a local buffer, transposed there in 16x16 register
+ * blocks, and each destination row of the tile goes out as one 64-byte piece. With `stream`
+ * (a large result, written once) whole aligned rows use non-temporal stores: regular stores
+ * first fetch each destination line from memory, and the rows of a chunk are scattered across
+ * the result, one or two per page. */
 static void copy_u8(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz,
                     Py_ssize_t nc, Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc,
-                    const Py_ssize_t *ds)
+                    const Py_ssize_t *ds, int stream)
 {
-    if (ds[2] != 1 || nx < 8 || nz < 8) {
+    if (ds[2] != 1) {
         copy_u8_tiled(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds);
         return;
     }
-    Py_ssize_t bx = nx & ~(Py_ssize_t)7, bz = nz & ~(Py_ssize_t)7;
+    uint8_t sbuf[64][64], dbuf[64][64];
+    memset(sbuf, 0, sizeof sbuf); /* partial tiles transpose bytes that are never copied out */
+    int streamed = 0;
     for (Py_ssize_t c = 0; c < nc; c++) {
         for (Py_ssize_t y = 0; y < ny; y++) {
             const uint8_t *splane = (const uint8_t *)src + y * ssy + c * ssc;
             char *dplane = dst + y * ds[1] + c * ds[3];
-            for (Py_ssize_t x0 = 0; x0 < bx; x0 += 8) {
-                for (Py_ssize_t z0 = 0; z0 < bz; z0 += 8) {
-                    uint64_t r[8];
-                    for (int i = 0; i < 8; i++)
-                        memcpy(&r[i], splane + (z0 + i) * ssz + x0, 8);
-                    transpose8x8(r);
-                    for (int j = 0; j < 8; j++)
-                        memcpy(dplane + (x0 + j) * ds[0] + z0, &r[j], 8);
+            for (Py_ssize_t z0 = 0; z0 < nz; z0 += 64) {
+                Py_ssize_t tz = z0 + 64 < nz ? 64 : nz - z0;
+                for (Py_ssize_t x0 = 0; x0 < nx; x0 += 64) {
+                    Py_ssize_t tx = x0 + 64 < nx ? 64 : nx - x0;
+                    for (Py_ssize_t z = 0; z < tz; z++)
+                        memcpy(sbuf[z], splane + (z0 + z) * ssz + x0, tx);
+                    for (int bz = 0; bz < tz; bz += 16)
+                        for (int bx = 0; bx < tx; bx += 16)
+                            transpose16(&sbuf[bz][bx], 64, &dbuf[bx][bz], 64);
+                    for (Py_ssize_t x = 0; x < tx; x++) {
+                        char *drow = dplane + (x0 + x) * ds[0] + z0;
+#if LAYOUT_SSE2
+                        if (stream && tz == 64 && ((uintptr_t)drow & 63) == 0) {
+                            stream_line(drow, dbuf[x]);
+                            streamed = 1;
+                            continue;
+                        }
+#endif
+                        memcpy(drow, dbuf[x], tz);
+                    }
                 }
             }
         }
     }
-    Py_ssize_t ds_edge[4] = {ds[0], ds[1], ds[2], ds[3]};
-    /* the x edge (all z), then the z edge of the whole-x part */
-    if (bx < nx)
-        copy_u8_tiled((const char *)src + bx, dst + bx * ds[0], nx - bx, ny, nz, nc, ssy, ssz, ssc,
-                      ds_edge);
-    if (bz < nz)
-        copy_u8_tiled((const char *)src + bz * ssz, dst + bz * ds[2], bx, ny, nz - bz, nc, ssy, ssz,
-                      ssc, ds_edge);
+#if LAYOUT_SSE2
+    if (streamed)
+        _mm_sfence(); /* the streamed lines are visible before this call returns */
+#else
+    (void)streamed;
+#endif
 }
 DEFINE_COPY(copy_u16, uint16_t)
 DEFINE_COPY(copy_u32, uint32_t)
@@ -137,12 +183,15 @@ static int parse3(PyObject *seq, Py_ssize_t out[3], const char *what)
     return 0;
 }
 
-/* copy_fortran_chunk(src, out, chunk_shape, origin): out[i,j,k,c] = chunk[ox+i, oy+j, oz+k, c] */
+/* copy_fortran_chunk(src, out, chunk_shape, origin, stream=False):
+ * out[i,j,k,c] = chunk[ox+i, oy+j, oz+k, c] */
 static PyObject *copy_fortran_chunk(PyObject *self, PyObject *args)
 {
     PyObject *src_obj, *shape_obj, *origin_obj;
     PyArrayObject *out;
-    if (!PyArg_ParseTuple(args, "OO!OO", &src_obj, &PyArray_Type, &out, &shape_obj, &origin_obj))
+    int stream = 0;
+    if (!PyArg_ParseTuple(args, "OO!OO|p", &src_obj, &PyArray_Type, &out, &shape_obj, &origin_obj,
+                          &stream))
         return NULL;
     Py_ssize_t shape[3], origin[3];
     if (parse3(shape_obj, shape, "chunk_shape") < 0 || parse3(origin_obj, origin, "origin") < 0)
@@ -194,7 +243,7 @@ static PyObject *copy_fortran_chunk(PyObject *self, PyObject *args)
     Py_ssize_t nx = dims[0], ny = dims[1], nz = dims[2];
     Py_BEGIN_ALLOW_THREADS
     switch (itemsize) {
-    case 1: copy_u8(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;
+    case 1: copy_u8(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, stream); break;
     case 2: copy_u16(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;
     case 4: copy_u32(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;
     default: copy_u64(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;
@@ -206,8 +255,9 @@ static PyObject *copy_fortran_chunk(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"copy_fortran_chunk", copy_fortran_chunk, METH_VARARGS,
-     "copy_fortran_chunk(src, out, chunk_shape, origin): copy a Fortran-ordered XYZC chunk region "
-     "into out (any strides), releasing the GIL."},
+     "copy_fortran_chunk(src, out, chunk_shape, origin, stream=False): copy a Fortran-ordered "
+     "XYZC chunk region into out (any strides), releasing the GIL; stream=True writes whole "
+     "aligned uint8 rows with non-temporal stores (for large results)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_layout", NULL, -1, methods};

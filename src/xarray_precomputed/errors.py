@@ -39,7 +39,8 @@ class PermissionDeniedError(StorageError, PermissionError):
 class ChunkError(PrecomputedError):
     """Something is wrong with one chunk; `chunk` names it (grid cell, key, shard file / id)."""
 
-    def __init__(self, message: str, *, chunk: str | None = None):
+    def __init__(self, message: str, *, chunk: object = None):
+        chunk = None if chunk is None else str(chunk)  # readers may pass a lazily built name
         super().__init__(f"chunk {chunk}: {message}" if chunk else message)
         self.chunk = chunk
 

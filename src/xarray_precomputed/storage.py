@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import threading
 import time
 from collections import Counter
@@ -26,6 +27,10 @@ request_counts: Counter = Counter()
 # Ranges closer than this are fetched as one request and split afterwards.
 LOCAL_COALESCE_GAP = 1 << 16
 REMOTE_COALESCE_GAP = 1 << 16
+
+# Values up to this size are read into a reused per-thread buffer by LocalStore.read_with.
+SCRATCH_MAX_BYTES = 8 << 20
+_scratch = threading.local()
 
 # Name part of the temporary files LocalStore.write renames into place.
 TEMP_MARKER = ".xp-tmp-"
@@ -80,6 +85,12 @@ class Store(ABC):
         """The bytes `[start, end)` of `key` for each range (shorter where the key ends early),
         or None if the key does not exist."""
 
+    def read_with(self, key: str, consume):
+        """`consume(value of key)`'s result, or None if the key does not exist. The buffer passed
+        to `consume` is valid only during the call (a store may reuse it afterwards)."""
+        data = self.read(key)
+        return None if data is None else consume(data)
+
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
 
@@ -107,6 +118,41 @@ class LocalStore(Store):
             return None
         except OSError as e:
             raise self._fail(key, e) from e
+
+    def read_with(self, key: str, consume):
+        # Whole chunks are read into a per-thread buffer that is reused: a fresh buffer per chunk
+        # costs a page fault per 4 KiB, as much CPU as copying the bytes (measured on raw chunks).
+        request_counts["read"] += 1
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        except OSError as e:
+            raise self._fail(key, e) from e
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            size = st.st_size
+            if size > SCRATCH_MAX_BYTES:
+                data = self._pread(fd, 0, size)
+                return consume(data)
+            buf = getattr(_scratch, "buf", None)
+            if buf is None or len(buf) < size:
+                buf = _scratch.buf = bytearray(max(size, 1 << 16))
+            view = memoryview(buf)
+            got = 0
+            while got < size:  # a read may return early on some file systems
+                n = os.preadv(fd, [view[got:size]], got)
+                if n <= 0:
+                    break
+                got += n
+        except OSError as e:
+            raise self._fail(key, e) from e
+        finally:
+            os.close(fd)
+        with view[:got] as data:
+            return consume(data)
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         try:

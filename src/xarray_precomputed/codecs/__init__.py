@@ -2,11 +2,13 @@
 
 Every codec has the signature
 
-    decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None
+    decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None
 
 `out` is an (nx, ny, nz, channels) view (any strides) that receives the chunk's voxels
 `[origin, origin + out.shape[:3])`; `chunk_shape` is the chunk's stored (edge-truncated) shape;
-`chunk` names the chunk in errors. Codecs that need optional packages are imported on first use
+`chunk` names the chunk in errors; `stream` says `out` is part of a large result written once,
+which a codec may write with non-temporal stores (the others ignore it). Codecs that need optional packages are imported on first use
 and raise CodecUnavailableError with the install command when the package is missing.
 """
 

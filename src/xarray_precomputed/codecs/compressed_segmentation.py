@@ -50,6 +50,7 @@ def decode_into(
     block_size: Sequence[int],
     origin: Sequence[int] = (0, 0, 0),
     chunk: str = "?",
+    stream: bool = False,
 ) -> None:
     """Decode the chunk ``data`` into ``out`` (shape ``(nx, ny, nz, num_channels)``, any strides).
 
@@ -84,7 +85,7 @@ def decode_into(
     if raw is not None and np.may_share_memory(out, raw):
         raise ValueError("out overlaps the input buffer")
     try:
-        _native.cseg_decode(data, out, shape, block, org)
+        _native.cseg_decode(data, out, shape, block, org, stream)
     except ValueError as exc:
         raise CorruptChunkError(f"compressed_segmentation: {exc}", chunk=chunk) from None
 

@@ -185,7 +185,8 @@ def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk) -> tuple[bytes
     return padded, sentinel
 
 
-def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
     stream, sentinel = check_stream(bytes(data), dtype, chunk_shape, chunk)
     try:
         labels = compresso.decompress(stream)

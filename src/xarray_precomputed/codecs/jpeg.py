@@ -20,7 +20,8 @@ from ._image import check_channels, check_image_size, place_interleaved
 _COMPONENTS = {"Gray": 1, "YCbCr": 3, "RGB": 3, "CMYK": 4, "YCCK": 4}
 
 
-def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
     data = bytes(data)
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=True)

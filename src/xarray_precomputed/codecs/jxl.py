@@ -96,7 +96,8 @@ def read_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
     data = bytes(data)
     try:
         width, height = read_size(data)

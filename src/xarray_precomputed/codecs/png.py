@@ -41,7 +41,8 @@ def read_header(data: bytes) -> tuple[int, int, int, int]:
     return width, height, depth, color
 
 
-def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
     data = bytes(data)
     try:
         width, height, depth, color = read_header(data)

@@ -14,14 +14,15 @@ from ..errors import CorruptChunkError
 _NATIVE_LITTLE = sys.byteorder == "little"
 
 
-def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk) -> None:
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
     expected = math.prod(chunk_shape) * num_channels * dtype.itemsize
     if len(data) != expected:
         raise CorruptChunkError(
             f"raw chunk is {len(data)} bytes, expected {expected} for shape "
             f"{list(chunk_shape)} x {num_channels} channel(s) of {dtype.name}", chunk=chunk)
     if _NATIVE_LITTLE and out.dtype.itemsize == dtype.itemsize:
-        copy_fortran_chunk(data, out, tuple(chunk_shape), tuple(origin))
+        copy_fortran_chunk(data, out, tuple(chunk_shape), tuple(origin), stream)
         return
     src = np.frombuffer(data, dtype=dtype).reshape((*chunk_shape, num_channels), order="F")
     nx, ny, nz = out.shape[:3]
