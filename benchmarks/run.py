@@ -7,6 +7,9 @@ readers alternate within each round; the table reports medians and ratios to the
 
 W1  full read of each volume: ours via `.values` and via dask `chunks={}`, TensorStore `.read()`,
     CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
+    `dask-floor` is no reader: xarray + dask assembling the same shape, dtype and chunks from an
+    in-memory array, the bound for any reader's dask path. `write-floor` is no reader either:
+    allocating the result and writing each byte once from two threads (first touch of the output).
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
@@ -47,9 +50,14 @@ def _cutouts(shape, n=500, size=64, seed=0):
 def worker(task: str, reader: str, path: str) -> dict:
     import numpy as np
 
-    if reader.startswith("ours"):
+    if reader.startswith("ours") or reader in ("dask-floor", "write-floor"):
         import dask.array  # xarray imports it lazily on first use: an import, not work
         import xarray as xr
+
+        try:  # dask imports it on the first compute, to look for a client: an import, not work
+            import distributed  # noqa: F401
+        except ImportError:
+            pass
 
         import xarray_precomputed.backend
         from xarray_precomputed import storage
@@ -71,6 +79,33 @@ def worker(task: str, reader: str, path: str) -> dict:
         elif reader == "ts":
             a = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result().read().result()
+        elif reader == "dask-floor":
+            # No storage at all: the same xarray -> dask path over a backend array whose every
+            # chunk is np.ones (a reader that costs only writing its chunk), with the volume's
+            # shape, dtype and storage chunks. What dask and xarray alone cost to assemble the
+            # result from storage-sized chunks: no reader's dask path can beat it.
+            info = json.loads(Path(path, "info").read_text())
+            s0 = info["scales"][0]
+            shape = (*s0["size"], info["num_channels"])
+            v = xr.Variable(("x", "y", "z", "channel"),
+                            xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"])))
+            a = v.chunk(dict(zip(v.dims, (*s0["chunk_sizes"][0], info["num_channels"])))).data.compute()
+        elif reader == "write-floor":
+            # No storage, no decoding: allocate the result as our reader does and write each byte
+            # once from two threads. What first-touching the output alone costs on this machine.
+            from concurrent.futures import ThreadPoolExecutor
+
+            from xarray_precomputed.volume import _zeros
+
+            info = json.loads(Path(path, "info").read_text())
+            shape = (*info["scales"][0]["size"], info["num_channels"])
+            a = _zeros(shape, info["data_type"])
+            half = shape[0] // 2
+
+            def fill(sl):
+                a[sl] = 1
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(fill, (slice(0, half), slice(half, None))))
         else:
             a = CloudVolume("file://" + path, fill_missing=True, progress=False)[:, :, :]
         dt = time.perf_counter() - t0
@@ -148,6 +183,29 @@ def worker(task: str, reader: str, path: str) -> dict:
     return result
 
 
+def _ones_array():
+    import numpy as np
+    import xarray as xr
+    from xarray.core import indexing
+
+    class Ones(xr.backends.BackendArray):
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+        def __getitem__(self, key):
+            return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC,
+                                                      self._get)
+
+        def _get(self, key):
+            return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype)
+
+    return Ones
+
+
+def _Ones(shape, dtype):
+    return _ones_array()(shape, dtype)
+
+
 def _worker_counts() -> dict:
     from xarray_precomputed import sharding, storage
 
@@ -187,7 +245,7 @@ def main() -> None:
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
-                for reader in ("ours", "ts", "cv", "ours-dask"):
+                for reader in ("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor"):
                     record(("W1", vol, reader), run_one("W1", reader, paths[vol]))
         if "W2" in only:
             for reader in ("ours", "ts", "cv"):
@@ -223,7 +281,7 @@ def report(results) -> str:
                   "--- | --- | --- | --- | ---"]
         for vol in ("seg", "em"):
             rates = {}
-            for reader in ("ours", "ours-dask", "ts", "cv"):
+            for reader in ("ours", "ours-dask", "ts", "cv", "dask-floor", "write-floor"):
                 rs = results.get(("W1", vol, reader), [])
                 if rs:
                     rates[reader] = (_med(rs, "bytes") / _med(rs, "seconds") / 1e9, rs)
