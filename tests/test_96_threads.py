@@ -166,3 +166,37 @@ def test_dask_threads_through_xarray(volumes, small_caches):
     got = ds["image"].compute(scheduler="threads", num_workers=8).values
     assert np.array_equal(got, truth[name])
     assert sharding.minishard_cache.nbytes <= CACHE_MAX
+
+
+def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
+    """Threads that miss the same shard or minishard index at the same moment wait for one fetch
+    instead of each repeating it (a dask worker's threads start on neighbouring chunks at once)."""
+    import time
+
+    from xarray_precomputed import storage
+
+    root, truth = volumes
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+    slow = storage.LocalStore.read_ranges
+
+    def read_ranges(self, key, ranges):
+        time.sleep(0.05)  # keep every thread inside the miss together
+        return slow(self, key, ranges)
+
+    monkeypatch.setattr(storage.LocalStore, "read_ranges", read_ranges)
+    before = dict(sharding.index_fetches)
+    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    box = (slice(0, 8), slice(0, 8), slice(0, 4))  # one chunk: one shard, one minishard
+    barrier = threading.Barrier(THREADS)
+
+    def read(_):
+        barrier.wait()
+        return r.read(box)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        results = list(pool.map(read, range(THREADS)))
+    for got in results:
+        np.testing.assert_array_equal(got, truth["raw_u16_c2_id"][box])
+    fetched = {k: sharding.index_fetches[k] - before.get(k, 0) for k in ("shard_index", "minishard_index")}
+    assert fetched == {"shard_index": 1, "minishard_index": 1}

@@ -11,6 +11,7 @@ import struct
 import threading
 import zlib
 from collections import Counter, OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -196,6 +197,29 @@ class LRUCache:
             self._bytes = 0
 
 
+_inflight_lock = threading.Lock()
+_inflight: dict = {}
+
+
+@contextmanager
+def _one_fetch(key):
+    """Held around a cache miss: threads missing the same key at once wait for the first one's
+    fetch (and then find it cached) instead of repeating it."""
+    with _inflight_lock:
+        entry = _inflight.get(key)
+        if entry is None:
+            entry = _inflight[key] = [threading.Lock(), 0]
+        entry[1] += 1
+    try:
+        with entry[0]:
+            yield
+    finally:
+        with _inflight_lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _inflight[key]
+
+
 # Shard layouts (which file holds what) and minishard indices, per process.
 minishard_cache = LRUCache(256 << 20)
 _layout_cache = LRUCache(16 << 20)
@@ -276,16 +300,24 @@ class ShardReader:
         ck = self._cache_key("index", shard)
         hit = minishard_cache.get(ck)
         if hit is None:
-            index_fetches["shard_index"] += 1
-            got = self._read_file_ranges(shard, [(0, self.index_end)])
-            if got is None:
-                return None
-            if len(got[0]) != self.index_end:
-                raise ShardFormatError(f"file is {len(got[0])} bytes, shorter than its "
-                                       f"{self.index_end}-byte shard index", chunk=where)
-            hit = (np.frombuffer(got[0], dtype="<u8").reshape(-1, 2),)
-            minishard_cache.put(ck, hit, self.index_end + 64)
+            with _one_fetch(ck):
+                hit = minishard_cache.get(ck)
+                if hit is None:
+                    hit = self._fetch_shard_index(shard, where)
+                    if hit is None:
+                        return None
+                    minishard_cache.put(ck, hit, self.index_end + 64)
         return parse_shard_index_entry(hit[0][minishard].tobytes(), where=where)
+
+    def _fetch_shard_index(self, shard: int, where: str):
+        index_fetches["shard_index"] += 1
+        got = self._read_file_ranges(shard, [(0, self.index_end)])
+        if got is None:
+            return None
+        if len(got[0]) != self.index_end:
+            raise ShardFormatError(f"file is {len(got[0])} bytes, shorter than its "
+                                   f"{self.index_end}-byte shard index", chunk=where)
+        return (np.frombuffer(got[0], dtype="<u8").reshape(-1, 2),)
 
     def minishard_index(self, shard: int, minishard: int) -> MinishardIndex | None:
         """The decoded minishard index, or None if the shard file does not exist."""
@@ -293,6 +325,13 @@ class ShardReader:
         hit = minishard_cache.get(ck)
         if hit is not None:
             return hit[0]
+        with _one_fetch(ck):
+            hit = minishard_cache.get(ck)
+            if hit is not None:
+                return hit[0]
+            return self._fetch_minishard_index(shard, minishard, ck)
+
+    def _fetch_minishard_index(self, shard: int, minishard: int, ck) -> MinishardIndex | None:
         where = f"{self.shard_name(shard)} minishard {minishard}"
         if _layout_cache.get(self._cache_key("layout", shard)) == _ABSENT:
             return None

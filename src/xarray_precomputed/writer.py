@@ -831,12 +831,13 @@ def _write_scale(sc: _Scale, lay: _Layout, *, resume: bool, block_bytes: int,
         if sc.is_dask:
             stats["bytes"] = _dask_unsharded(sc, lay, groups, box)
         else:
-            def job(lo, hi, cells, skip):
+            def write_group(lo, hi, cells, skip):
                 vb = _vox_box(lay, lo, hi)
                 data = sc.read(vb)
                 return _write_unsharded(lay, _encode_cells(lay, data, [b.start for b in vb], cells),
                                         skip)
-            stats["bytes"] = sum(_run_pool([lambda g=g: job(*g) for g in groups], max_workers))
+            stats["bytes"] = sum(_run_pool([lambda g=g: write_group(*g) for g in groups],
+                                           max_workers))
         return stats
 
     spec = lay.spec
