@@ -1,4 +1,5 @@
-"""DVID's compressed label block, decoded with vectorised numpy.
+"""DVID's compressed label block: header, counts and indices checked with numpy, sub-blocks
+decoded in C (`_native.dvid_subblocks`, GIL released), with a numpy path kept as its reference.
 
 Layout (little-endian; see ../shared/specs/dvid-notes.md):
 
@@ -15,10 +16,11 @@ index is checked against the buffer before it is used: corrupt input raises Corr
 never reads out of bounds, and never allocates more than the caller's block shape allows.
 
 Decoding works on indices: each voxel gets a position in one small table (the header labels, or
-their substitutes, gathered through `sbidx`, plus a trailing 0 for empty sub-blocks). Positions
-are computed per bit width for all sub-blocks at once (byte lookup tables, unpackbits), written in
-sub-block order, transposed to (X, Y, Z) once, and one gather writes the C-ordered result.
-Work arrays are per-thread and reused.
+their substitutes, gathered through `sbidx`, plus a trailing 0 for empty sub-blocks). The C phase
+unpacks and checks every sub-block's values first and then writes the C-ordered result one 8-voxel
+z row at a time, so nothing is written unless the whole block decodes (0.15 ms per real 64³
+block here; the numpy phase, which computes positions per bit width for all sub-blocks at once
+and gathers once, 1.0 ms).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CorruptChunkError
+
+try:
+    from .. import _native  # the sub-block phase in C: ~5x faster, GIL released
+except ImportError:  # pragma: no cover - a source tree without the built extension
+    _native = None
 
 SUB = 8                      # sub-block edge
 SUB_VOXELS = SUB ** 3        # 512
@@ -186,13 +193,11 @@ def decode_block(data: bytes | bytearray | memoryview, *,
                     f"{n_labels} labels", chunk)
 
     bits = _BITS[ns]  # bit_length(ns - 1) for ns >= 2, else 0
-    multi = ns >= 2
     nbytes_sb = 64 * bits
     need = int(nbytes_sb.sum())
     if need > n_bytes - pos:
         raise _fail(f"packed values need {need} bytes at offset {pos}; {n_bytes - pos} remain",
                     chunk)
-    seg_start = pos + np.cumsum(nbytes_sb) - nbytes_sb
 
     # Table: lut[sbidx] then a 0 for empty sub-blocks; each sub-block's first table position.
     table = np.empty(total + 1, dtype=np.uint64)
@@ -203,6 +208,23 @@ def decode_block(data: bytes | bytearray | memoryview, *,
 
     if out is None:
         out = np.empty(shape, dtype=np.uint64)
+    if _native is not None:
+        bad = _native.dvid_subblocks(data, pos, bits.astype(np.uint8), ns.astype(np.uint16),
+                                     first, table, out)
+        if bad >= 0:
+            raise _fail(f"sub-block {bad} holds a value >= its label count {int(ns[bad])}", chunk)
+        return out
+    return _subblocks_numpy(buf, pos, ns, bits, first, table, out, (gx, gy, gz), chunk)
+
+
+def _subblocks_numpy(buf, pos, ns, bits, first, table, out, grid, chunk) -> np.ndarray:
+    """The sub-block phase in numpy (the C one's reference in tests)."""
+    gx, gy, gz = grid
+    nb = gx * gy * gz
+    total = len(table) - 1
+    multi = ns >= 2
+    nbytes_sb = 64 * bits
+    seg_start = pos + np.cumsum(nbytes_sb) - nbytes_sb
     if not multi.any():
         # Every sub-block is solid or empty: broadcast one label per sub-block.
         out.reshape(gx, SUB, gy, SUB, gz, SUB)[...] = \
