@@ -95,11 +95,11 @@ def worker(task: str, reader: str, path: str) -> dict:
             # once from two threads. What first-touching the output alone costs on this machine.
             from concurrent.futures import ThreadPoolExecutor
 
-            from xarray_precomputed.volume import _zeros
+            from xarray_precomputed.volume import _result
 
             info = json.loads(Path(path, "info").read_text())
             shape = (*info["scales"][0]["size"], info["num_channels"])
-            a = _zeros(shape, info["data_type"])
+            a = _result(shape, info["data_type"])[0]
             half = shape[0] // 2
 
             def fill(sl):

@@ -51,3 +51,20 @@ def obsolete_volume(oracle_root) -> oracle.OracleVolume:
 def multi_chunk_sizes_volume(oracle_root) -> oracle.OracleVolume:
     """An unsharded raw scale listing two chunk sizes, each with a full copy of its data."""
     return oracle.build_multi_chunk_sizes(oracle_root / "multi_chunk_sizes")
+
+
+@pytest.fixture(autouse=True)
+def _garbage_in_uninitialised_results(monkeypatch):
+    """The reader leaves small results uninitialised (each voxel is written by a decoder, or
+    zeroed because its chunk is missing). Here they start as a 0xA5 pattern instead of whatever
+    memory held, so a voxel nobody wrote shows up in every comparison."""
+    import numpy as np
+
+    from xarray_precomputed import volume
+
+    def allocate(shape, dtype):
+        a = np.empty(shape, dtype)
+        a.reshape(-1).view(np.uint8)[...] = 0xA5
+        return a
+
+    monkeypatch.setattr(volume, "_allocate_small", allocate)
