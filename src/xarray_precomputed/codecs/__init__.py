@@ -8,7 +8,9 @@ Every codec has the signature
 `out` is an (nx, ny, nz, channels) view (any strides) that receives the chunk's voxels
 `[origin, origin + out.shape[:3])`; `chunk_shape` is the chunk's stored (edge-truncated) shape;
 `chunk` names the chunk in errors; `stream` says `out` is part of a large result written once,
-which a codec may write with non-temporal stores (the others ignore it). Codecs that need optional packages are imported on first use
+which a codec may write with non-temporal stores (the others ignore it). `data` is a bytes-like
+object valid only during the call (local reads hand over a reused buffer): a codec copies what
+it needs and keeps no view of it. Codecs that need optional packages are imported on first use
 and raise CodecUnavailableError with the install command when the package is missing.
 """
 
