@@ -464,3 +464,11 @@ def build_multi_chunk_sizes(path) -> OracleVolume:
 
 def env_info() -> str:
     return f"tensorstore {ts.__version__}, pid {os.getpid()}"
+
+
+def line_aligned(shape, dtype=np.uint8) -> np.ndarray:
+    """A zeroed C-ordered array starting on a 64-byte line (where the reader streams rows)."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + n].view(dtype).reshape(shape)

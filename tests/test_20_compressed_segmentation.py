@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import compressed_segmentation as pypi_cseg
+import oracle
 from xarray_precomputed import _native
 from xarray_precomputed.codecs.compressed_segmentation import decode, decode_into
 from xarray_precomputed.errors import ChunkError, CorruptChunkError
@@ -733,12 +734,6 @@ def test_two_threads_decode_concurrently():
 # --------------------------------------------------------------------------- streaming stores
 
 
-def _line_aligned(shape, dtype) -> np.ndarray:
-    raw = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip:skip + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
-
-
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
 @pytest.mark.parametrize("block", [(8, 8, 8), (4, 2, 16), (3, 5, 8), (8, 8, 32)])
 @pytest.mark.parametrize("nc", [1, 2])
@@ -755,7 +750,7 @@ def test_streaming_stores_write_what_regular_stores_write(dtype, block, nc):
              ((5, 1, 3), (7, 9, 50)), ((0, 0, 8), (8, 8, 8))]
     for origin, size in boxes:
         for pad in (0, 16, 7):  # z padding changes which rows start on a line
-            base = _line_aligned((size[0] + 2, size[1] + 1, size[2] + pad, nc), dtype)
+            base = oracle.line_aligned((size[0] + 2, size[1] + 1, size[2] + pad, nc), dtype)
             out = base[1:1 + size[0], :size[1], :size[2]]
             ref = np.zeros_like(base)
             decode_into(chunk, out, chunk_shape=shape, block_size=block, origin=origin, chunk="t",
@@ -773,6 +768,6 @@ def test_streaming_stores_still_reject_bad_indices():
     chunk = bytearray(encode(arr, (8, 8, 8)))
     # shrink the data so the block's table (which runs to the end of the chunk) loses entries
     bad = bytes(chunk[:-8 * 150])
-    out = _line_aligned((8, 8, 8, 1), np.uint64)
+    out = oracle.line_aligned((8, 8, 8, 1), np.uint64)
     with pytest.raises(CorruptChunkError):
         decode_into(bad, out, chunk_shape=(8, 8, 8), block_size=(8, 8, 8), chunk="t", stream=True)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import oracle
 from xarray_precomputed._layout import copy_fortran_chunk
 
 
@@ -42,13 +43,6 @@ def test_copy_rejects_wrong_length_and_regions_outside_the_chunk():
     assert copy_fortran_chunk(b"\0" * 8, np.zeros((2, 2, 2, 1), np.uint8), np.array([2, 2, 2]), (np.int64(0), 0, 0)) is None
 
 
-def _line_aligned(shape) -> np.ndarray:
-    n = int(np.prod(shape))
-    raw = np.zeros(n + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip:skip + n].reshape(shape)
-
-
 @settings(max_examples=150, deadline=None)
 @given(shape=st.tuples(st.integers(1, 140), st.integers(1, 5), st.integers(1, 140)),
        stream=st.booleans(), zpad=st.sampled_from([0, 1, 16, 64]), data=st.data())
@@ -59,7 +53,7 @@ def test_uint8_z_contiguous_tiles_match_numpy(shape, stream, zpad, data):
     chunk = rng.integers(0, 256, (*shape, 1), dtype=np.uint8)
     origin = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
     extent = tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, origin))
-    big = _line_aligned((extent[0] + 1, extent[1], extent[2] + zpad, 1))
+    big = oracle.line_aligned((extent[0] + 1, extent[1], extent[2] + zpad, 1))
     view = big[1:, :, :extent[2]]
     assert view.strides[2] == 1
     copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
@@ -79,7 +73,7 @@ def test_uint8_z_contiguous_tiles_match_numpy(shape, stream, zpad, data):
 def test_uint8_streamed_rows(shape, origin, extent, zpad, stream):
     rng = np.random.default_rng(7)
     chunk = rng.integers(0, 256, (*shape, 1), dtype=np.uint8)
-    big = _line_aligned((extent[0], extent[1], extent[2] + zpad, 1))
+    big = oracle.line_aligned((extent[0], extent[1], extent[2] + zpad, 1))
     view = big[:, :, :extent[2]]
     copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
     o = origin

@@ -123,12 +123,9 @@ class LocalStore(Store):
         # Whole chunks are read into a per-thread buffer that is reused: a fresh buffer per chunk
         # costs a page fault per 4 KiB, as much CPU as copying the bytes (measured on raw chunks).
         request_counts["read"] += 1
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = self._open(key)
+        if fd is None:
             return None
-        except OSError as e:
-            raise self._fail(key, e) from e
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -154,13 +151,19 @@ class LocalStore(Store):
         with view[:got] as data:
             return consume(data)
 
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+    def _open(self, key: str) -> int | None:
+        """A read-only descriptor for `key`, or None if it does not exist."""
         try:
-            fd = os.open(self._path(key), os.O_RDONLY)
+            return os.open(self._path(key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
             raise self._fail(key, e) from e
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+        fd = self._open(key)
+        if fd is None:
+            return None
         try:
             size = os.fstat(fd).st_size  # a range past the end must not allocate its length
             merged, owner = coalesce(ranges, LOCAL_COALESCE_GAP)

@@ -228,17 +228,13 @@ class ScaleReader:
         tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)
         self._decode(data, tmp, origin=tuple(lo for lo, _ in lo_hi), **kw)
         src_idx = [as_index(p.local) - lo for p, (lo, _) in zip(job, lo_hi)]
-        out[np.ix_(*(as_index(p.dest) for p in job))] = tmp[np.ix_(*src_idx)]
+        out[_dest_index(job)] = tmp[np.ix_(*src_idx)]
 
     def _missing(self, describe, job, out: np.ndarray, zeroed: bool) -> None:
         if not self.fill_missing:
             raise MissingChunkError("is missing (fill_missing=False)", chunk=describe)
-        if zeroed:
-            return
-        if all(isinstance(p.dest, slice) for p in job):
-            out[job[0].dest, job[1].dest, job[2].dest] = 0
-        else:
-            out[np.ix_(*(as_index(p.dest) for p in job))] = 0
+        if not zeroed:
+            out[_dest_index(job)] = 0
 
     def _fetch_and_decode(self, cells: np.ndarray, jobs: list, out: np.ndarray,
                           zeroed: bool) -> None:
@@ -315,6 +311,13 @@ class ScaleReader:
         finally:
             for f in tasks:
                 f.cancel()
+
+
+def _dest_index(job) -> tuple:
+    """Where one grid cell's voxels go in the result: slices, or an open mesh of indices."""
+    if all(isinstance(p.dest, slice) for p in job):
+        return tuple(p.dest for p in job)
+    return np.ix_(*(as_index(p.dest) for p in job))
 
 
 def _wait_all(tasks: list[Future]) -> None:
