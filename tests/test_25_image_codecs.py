@@ -454,6 +454,36 @@ def test_wrong_components_or_depth(scratch, encoding, blob, match):
         read(path)
 
 
+def test_jxl_of_many_frames_allocates_only_the_chunk(scratch):
+    """The frame count is in no header we read: 4000 grey frames of the right size must be refused
+    without decoding them into 4000 x 256 pixels (imagecodecs checks our output's shape first)."""
+    import tracemalloc
+
+    path = scratch("jxl")
+    frames = np.full((4000, 32, 8), 7, np.uint8)  # a few bytes each, so the stream is small
+    _replace(path, "0-8_0-8_0-4", imagecodecs.jpegxl_encode(frames, photometric="GRAY",
+                                                            lossless=True, effort=1))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptChunkError, match="0-8_0-8_0-4.*4000 grey frames.*"
+                                                    "num_channels 3"):
+            Volume.open(str(path)).scale(0).read((slice(0, 8), slice(0, 8), slice(0, 4)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Decoding every frame would hold 1 MB of pixels at once (the old decoder peaked at 1.2 MB);
+    # the 80 KB stream and its copies stay near half of that.
+    assert peak < frames.nbytes * 3 // 4, peak
+
+
+def test_jxl_of_16_bit_samples_is_refused_naming_them(scratch):
+    path = scratch("jxl")
+    img = np.random.default_rng(6).integers(0, 999, (32, 8, 3), np.uint16)
+    _replace(path, "0-8_0-8_0-4", imagecodecs.jpegxl_encode(img, lossless=True))
+    with pytest.raises(CorruptChunkError, match="0-8_0-8_0-4.*uint16 samples.*uint8"):
+        read(path)
+
+
 # compresso: the decoder would crash on these; the checks must catch each before it runs
 
 

@@ -14,13 +14,14 @@ before decoding: each frame must hold exactly the chunk's x*y*z pixels.
 
 from __future__ import annotations
 
+import re
 import struct
 
 import imagecodecs
 import numpy as np
 
 from ..errors import CorruptChunkError
-from ._image import check_channels, check_image_size, place_interleaved, place_planar
+from ._image import check_image_size, place_interleaved, place_planar
 
 if not imagecodecs.JPEGXL.available:  # a build without libjxl: report it as a missing package
     raise ImportError("this imagecodecs build has no JPEG XL codec")
@@ -96,6 +97,33 @@ def read_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
+def _shape_of(mismatch: str):
+    """The shape imagecodecs found in the image, from its message refusing our `out` array."""
+    m = re.search(r"(?<![.\w])shape=\(([\d, ]*)\)", mismatch)
+    return tuple(int(v) for v in m.group(1).split(",") if v.strip()) if m else None
+
+
+def _refusal(mismatch: str, frame, num_channels: int, chunk) -> CorruptChunkError:
+    """Why an image that matched none of the expected layouts is refused, as precisely as the
+    decoder's message allows."""
+    dtype = re.search(r"(?<![.\w])dtype=(?:<class 'numpy\.|dtype\(')(\w+)", mismatch)
+    if "out.dtype" in mismatch:
+        found = dtype.group(1) if dtype else "non-uint8"
+        return CorruptChunkError(f"JPEG XL image decodes to {found} samples; the volume is uint8",
+                                 chunk=chunk)
+    shape = _shape_of(mismatch)
+    if shape is not None and shape[:2] == frame and len(shape) in (2, 3):
+        found = 1 if len(shape) == 2 else shape[2]
+        return CorruptChunkError(f"JPEG XL image has {found} component(s); the volume has "
+                                 f"num_channels {num_channels}", chunk=chunk)
+    if shape is not None and len(shape) == 3 and shape[1:] == frame:
+        return CorruptChunkError(
+            f"JPEG XL image has {shape[0]} grey frames; the volume has num_channels "
+            f"{num_channels} (one frame per channel)", chunk=chunk)
+    return CorruptChunkError(f"JPEG XL image is not {frame[0]} x {frame[1]} pixels of "
+                             f"{num_channels} uint8 channel(s) ({mismatch})", chunk=chunk)
+
+
 def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
                 stream=False) -> None:
     data = bytes(data)
@@ -104,28 +132,35 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     except ValueError as e:
         raise CorruptChunkError(f"not a readable JPEG XL image ({e})", chunk=chunk) from None
     check_image_size(width, height, chunk_shape, chunk, "JPEG XL")
-    try:
-        pixels = imagecodecs.jpegxl_decode(data)
-    except Exception as e:  # JpegxlError, and RuntimeError/ValueError on some damaged input
-        raise CorruptChunkError(f"corrupt JPEG XL image ({type(e).__name__}: {e})",
-                                chunk=chunk) from None
-    if pixels.dtype != np.uint8:
-        raise CorruptChunkError(f"JPEG XL image decodes to {pixels.dtype.name} samples; the "
-                                f"volume is uint8", chunk=chunk)
     frame = (height, width)
-    single = pixels.shape[:2] == frame and pixels.ndim in (2, 3)
-    frames = pixels.ndim == 3 and pixels.shape[1:] == frame
-    if single and frames:  # (n, n, n): n frames of n x n grey, or one n x n image of n components
-        single = imagecodecs.jpegxl_decode(data, 0).ndim == 3
-    if single:
-        check_channels(1 if pixels.ndim == 2 else pixels.shape[2], num_channels, chunk, "JPEG XL")
-        place_interleaved(pixels, out, chunk_shape, origin)
-    elif frames:
-        if pixels.shape[0] != num_channels:
-            raise CorruptChunkError(
-                f"JPEG XL image has {pixels.shape[0]} grey frames; the volume has num_channels "
-                f"{num_channels} (one frame per channel)", chunk=chunk)
-        place_planar(pixels, out, chunk_shape, origin)
+    # The frame count is not in any header we can read cheaply, so the decoder gets an output of
+    # each shape a valid chunk can have: imagecodecs compares it with the image's shape and
+    # sample type before decoding any pixel, and a stream of thousands of frames allocates
+    # nothing beyond the one chunk.
+    layouts = [("interleaved", frame if num_channels == 1 else (*frame, num_channels))]
+    if num_channels > 1:
+        layouts.append(("planar", (num_channels, *frame)))
+    mismatch = ""
+    for layout, shape in layouts:
+        pixels = np.empty(shape, np.uint8)
+        try:
+            imagecodecs.jpegxl_decode(data, out=pixels)
+        except ValueError as e:
+            if str(e).startswith("invalid out."):
+                mismatch = str(e)
+                continue
+            raise CorruptChunkError(f"corrupt JPEG XL image (ValueError: {e})",
+                                    chunk=chunk) from None
+        except Exception as e:  # JpegxlError, and RuntimeError on some damaged input
+            raise CorruptChunkError(f"corrupt JPEG XL image ({type(e).__name__}: {e})",
+                                    chunk=chunk) from None
+        break
     else:
-        raise CorruptChunkError(f"JPEG XL image decodes to shape {pixels.shape}, not {height} x "
-                                f"{width} pixels of {num_channels} channel(s)", chunk=chunk)
+        raise _refusal(mismatch, frame, num_channels, chunk)
+    if num_channels > 1 and height == width == num_channels:
+        # (n, n, n) fits both layouts: one frame of the image says which it is.
+        layout = "interleaved" if imagecodecs.jpegxl_decode(data, 0).ndim == 3 else "planar"
+    if layout == "interleaved":
+        place_interleaved(pixels, out, chunk_shape, origin)
+    else:
+        place_planar(pixels, out, chunk_shape, origin)
