@@ -376,3 +376,19 @@ def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
     rng = np.random.default_rng(seed(name, "large"))
     for box in random_boxes(vol.truth[0].shape, rng, 6):
         same(r.read(box), vol.truth[0][box])
+
+
+@pytest.mark.parametrize("name", [n for n in DATA_NAMES if "shard" in n and "unshard" not in n]
+                         + ["missing_chunks_sharded"])
+def test_reads_inside_one_shard_decoded_by_workers_read_the_same(oracle_volume, name,
+                                                                 monkeypatch):
+    """Small results from one shard are decoded by the calling thread; with the threshold at 0
+    the chunks of every such read are handed to the pool instead, which must read the same."""
+    from xarray_precomputed import volume
+
+    monkeypatch.setattr(volume, "INLINE_DECODE_BYTES", -1)
+    vol = oracle_volume(name)
+    r = Volume.open(vol.url).scale(0)
+    rng = np.random.default_rng(seed(name, "one-shard"))
+    for box in random_boxes(vol.truth[0].shape, rng, 6):
+        same(r.read(box), vol.truth[0][box])

@@ -8,6 +8,7 @@ import os
 from typing import Any, Iterable
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
@@ -61,8 +62,14 @@ def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
     coords = {}
     for axis, name in enumerate("xyz"):
         n, off, res = scale.size[axis], scale.voxel_offset[axis], scale.resolution[axis]
-        centres = (off + np.arange(n, dtype=np.float64) + 0.5) * res
-        coords[name] = xr.Variable((name,), centres, {"units": "nm", "long_name": f"{name} (voxel centre)"})
+        # (voxel_offset + i + 0.5) * resolution, computed in place and handed to pandas as the
+        # index without a copy: scale 0 of a petavoxel volume has ~10^5 voxels per axis.
+        centres = np.arange(n, dtype=np.float64)
+        centres += off
+        centres += 0.5
+        centres *= res
+        coords[name] = xr.IndexVariable((name,), pd.Index(centres, copy=False, name=name),
+                                        {"units": "nm", "long_name": f"{name} (voxel centre)"})
     coords["channel"] = xr.Variable(("channel",), np.arange(num_channels))
     return coords
 
