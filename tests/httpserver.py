@@ -1,5 +1,6 @@
 """A small threaded HTTP file server on loopback for tests: serves a directory with Range support,
-and can be told to refuse paths (401/403/500) or to ignore Range headers."""
+and can be told to refuse paths (401/403/500), to ignore Range headers, or to answer every request
+after a delay (a network's latency); it records how many requests were in flight at most."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -25,6 +27,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, head: bool):
         srv = self.server
         srv.requests.append((self.command, self.path, self.headers.get("Range")))
+        with srv.lock:
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        try:
+            if srv.delay:
+                time.sleep(srv.delay)
+            self._answer(head)
+        finally:
+            with srv.lock:
+                srv.in_flight -= 1
+
+    def _answer(self, head: bool):
+        srv = self.server
         with srv.lock:
             fail = srv.fail_next > 0
             srv.fail_next -= fail
@@ -80,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def serve(root: str, *, refuse: dict[str, int] | None = None, ignore_range: bool = False,
-          fail_first: int = 0, fail_mode: str = "503"):
+          fail_first: int = 0, fail_mode: str = "503", delay: float = 0.0):
     """Serve `root` on 127.0.0.1; yields (base_url, server). `server.requests` logs requests.
     The first `fail_first` requests fail (503, or "reset": the connection is dropped)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -92,6 +107,8 @@ def serve(root: str, *, refuse: dict[str, int] | None = None, ignore_range: bool
     httpd.fail_next = fail_first
     httpd.fail_mode = fail_mode
     httpd.lock = threading.Lock()
+    httpd.delay = delay
+    httpd.in_flight = httpd.max_in_flight = 0
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
     try:

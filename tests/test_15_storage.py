@@ -152,3 +152,18 @@ def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         with pytest.raises(PermissionDeniedError):
             s.read_with("small", bytes)
+
+
+def test_http_unsharded_reads_keep_many_requests_in_flight(volumes):
+    """Over a network each chunk costs a round trip: the chunks of one read are requested in
+    batches that run concurrently, so far more requests are in flight than there are worker
+    threads (one chunk per worker kept it at the worker count), and the data is the same."""
+    from xarray_precomputed.volume import executor
+
+    root, truth = volumes
+    workers = executor()._max_workers
+    with serve(str(root), delay=0.05) as (base, srv):
+        r = Volume.open(f"{base}/plain").scale(0)  # 5 x 3 x 3 = 45 chunks
+        got = r.read()
+        assert np.array_equal(got, truth["plain"])
+        assert srv.max_in_flight > workers, (srv.max_in_flight, workers)

@@ -200,3 +200,72 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
         np.testing.assert_array_equal(got, truth["raw_u16_c2_id"][box])
     fetched = {k: sharding.index_fetches[k] - before.get(k, 0) for k in ("shard_index", "minishard_index")}
     assert fetched == {"shard_index": 1, "minishard_index": 1}
+
+
+def _recording_ranges(monkeypatch, delay=0.0):
+    """Record every LocalStore.read_ranges call (key, number of ranges), optionally slowed."""
+    import time
+
+    from xarray_precomputed import storage
+
+    calls = []
+    real = storage.LocalStore.read_ranges
+
+    def read_ranges(self, key, ranges):
+        calls.append((key, len(ranges)))
+        if delay:
+            time.sleep(delay)
+        return real(self, key, ranges)
+
+    monkeypatch.setattr(storage.LocalStore, "read_ranges", read_ranges)
+    return calls
+
+
+def test_minishard_indices_of_a_shard_are_fetched_in_one_round(volumes, monkeypatch):
+    """A read covering several minishards of one shard asks for their indices together: one
+    request round (shard index, minishard indices, chunk data), not one per minishard, which
+    over a network is one round trip each."""
+    root, truth = volumes
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    # identity hash, preshift 1, 2 minishard bits: ids 0-7 are shard 0, two per minishard
+    ids = np.arange(8, dtype=np.uint64)
+    shards, minis = sharding.chunk_location(ids, r.scale_info.sharding)
+    assert len(np.unique(shards)) == 1 and len(np.unique(minis)) == 4
+    calls = _recording_ranges(monkeypatch)
+    before = dict(sharding.index_fetches)
+    got = r._shards.read_chunks(int(shards[0]), ids, minis, str)
+    assert sum(b is not None for b in got) > 0
+    assert len(calls) == 3, calls  # shard index; the 4 minishard indices; the chunks
+    assert calls[1][1] == 4
+    assert sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0) == 4
+    # the whole volume still reads the same with the indices fetched this way
+    sharding.minishard_cache.clear()
+    np.testing.assert_array_equal(r.read(), truth["raw_u16_c2_id"])
+
+
+def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, monkeypatch):
+    """Threads asking at once for overlapping sets of minishard indices of one shard (in every
+    order) fetch each index once between them, and none waits forever on another."""
+    root, truth = volumes
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+    _recording_ranges(monkeypatch, delay=0.02)
+    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    shards, _ = sharding.chunk_location(np.arange(8, dtype=np.uint64), r.scale_info.sharding)
+    reader = r._shards
+    sets = [[0, 1], [1, 2], [2, 3], [3, 0], [3, 2, 1, 0], [0], [2]]
+    before = dict(sharding.index_fetches)
+    barrier = threading.Barrier(THREADS)
+
+    def fetch(k):
+        barrier.wait()
+        return reader.minishard_indices(int(shards[0]), sets[k % len(sets)][::-1 if k % 2 else 1])
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        results = list(pool.map(fetch, range(THREADS), timeout=60))
+    for k, got in enumerate(results):
+        assert sorted(got) == sorted(sets[k % len(sets)])
+    fetched = sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0)
+    assert fetched == 4

@@ -11,7 +11,7 @@ import struct
 import threading
 import zlib
 from collections import Counter, OrderedDict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -291,23 +291,27 @@ class ShardReader:
     def shard_name(self, shard: int) -> str:
         return self.store.describe(self._key(shard_filename(shard, self.spec)))
 
-    def _shard_index_entry(self, shard: int, minishard: int, where: str) -> tuple[int, int] | None:
+    def _shard_index_entries(self, shard: int, minishards: list[int],
+                             wheres: dict[int, str]) -> dict[int, tuple[int, int]] | None:
         # Small shard indices are fetched whole once (one request serves every minishard); large
-        # ones (2**minishard_bits entries) one 16-byte entry at a time.
+        # ones (2**minishard_bits entries) as the 16-byte entries needed, in one round.
         if self.index_end > WHOLE_SHARD_INDEX_BYTES:
-            got = self._read_file_ranges(shard, [(16 * minishard, 16 * minishard + 16)])
-            return None if got is None else parse_shard_index_entry(got[0], where=where)
+            got = self._read_file_ranges(shard, [(16 * m, 16 * m + 16) for m in minishards])
+            if got is None:
+                return None
+            return {m: parse_shard_index_entry(b, where=wheres[m]) for m, b in zip(minishards, got)}
         ck = self._cache_key("index", shard)
         hit = minishard_cache.get(ck)
         if hit is None:
             with _one_fetch(ck):
                 hit = minishard_cache.get(ck)
                 if hit is None:
-                    hit = self._fetch_shard_index(shard, where)
+                    hit = self._fetch_shard_index(shard, wheres[minishards[0]])
                     if hit is None:
                         return None
                     minishard_cache.put(ck, hit, self.index_end + 64)
-        return parse_shard_index_entry(hit[0][minishard].tobytes(), where=where)
+        return {m: parse_shard_index_entry(hit[0][m].tobytes(), where=wheres[m])
+                for m in minishards}
 
     def _fetch_shard_index(self, shard: int, where: str):
         index_fetches["shard_index"] += 1
@@ -321,47 +325,81 @@ class ShardReader:
 
     def minishard_index(self, shard: int, minishard: int) -> MinishardIndex | None:
         """The decoded minishard index, or None if the shard file does not exist."""
-        ck = self._cache_key("mini", shard, minishard)
-        hit = minishard_cache.get(ck)
-        if hit is not None:
-            return hit[0]
-        with _one_fetch(ck):
-            hit = minishard_cache.get(ck)
-            if hit is not None:
-                return hit[0]
-            return self._fetch_minishard_index(shard, minishard, ck)
+        got = self.minishard_indices(shard, [minishard])
+        return None if got is None else got[minishard]
 
-    def _fetch_minishard_index(self, shard: int, minishard: int, ck) -> MinishardIndex | None:
-        where = f"{self.shard_name(shard)} minishard {minishard}"
+    def minishard_indices(self, shard: int,
+                          minishards: list[int]) -> dict[int, MinishardIndex] | None:
+        """The decoded minishard indices of one shard, those not cached fetched in one round of
+        requests (over a network, one round trip instead of one per minishard); None if the
+        shard file does not exist."""
+        out: dict[int, MinishardIndex] = {}
+        todo = []
+        for m in sorted(set(minishards)):
+            hit = minishard_cache.get(self._cache_key("mini", shard, m))
+            if hit is None:
+                todo.append(m)
+            else:
+                out[m] = hit[0]
+        if not todo:
+            return out
+        with ExitStack() as held:
+            # Ascending order: threads fetching overlapping sets take these in one order.
+            for m in todo:
+                held.enter_context(_one_fetch(self._cache_key("mini", shard, m)))
+            still = []
+            for m in todo:
+                hit = minishard_cache.get(self._cache_key("mini", shard, m))
+                if hit is None:
+                    still.append(m)
+                else:
+                    out[m] = hit[0]
+            if still:
+                got = self._fetch_minishard_indices(shard, still)
+                if got is None:
+                    return None
+                out.update(got)
+        return out
+
+    def _fetch_minishard_indices(self, shard: int,
+                                 minishards: list[int]) -> dict[int, MinishardIndex] | None:
         if _layout_cache.get(self._cache_key("layout", shard)) == _ABSENT:
             return None
-        entry = self._shard_index_entry(shard, minishard, where)
-        if entry is None:
+        wheres = {m: f"{self.shard_name(shard)} minishard {m}" for m in minishards}
+        entries = self._shard_index_entries(shard, minishards, wheres)
+        if entries is None:
             return None
-        start, end = entry
         # gzip adds at most a few bytes per 16 KiB block (plus a header) to what it compresses
         limit = self.max_minishard_bytes + self.max_minishard_bytes // 1024 + 1024
-        if end - start > limit:
-            raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} bytes) "
-                                   f"runs past the end of any minishard index this scale can "
-                                   f"have (at most {limit} bytes)", chunk=where)
-        if start == end:
-            mi = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        else:
-            a, b = self.index_end + start, self.index_end + end
-            index_fetches["minishard_index"] += 1
-            raw = self._read_file_ranges(shard, [(a, b)])
-            if raw is None:
+        out: dict[int, MinishardIndex] = {}
+        fetch = []
+        for m in minishards:
+            start, end = entries[m]
+            if end - start > limit:
+                raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} "
+                                       f"bytes) runs past the end of any minishard index this "
+                                       f"scale can have (at most {limit} bytes)", chunk=wheres[m])
+            if start == end:
+                out[m] = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                                        np.zeros(0, np.int64))
+            else:
+                fetch.append((m, self.index_end + start, self.index_end + end))
+        if fetch:
+            index_fetches["minishard_index"] += len(fetch)
+            raws = self._read_file_ranges(shard, [(a, b) for _, a, b in fetch])
+            if raws is None:
                 return None
-            buf = raw[0]
-            if len(buf) != b - a:
-                raise ShardFormatError(f"minishard index [{a}, {b}) lies past the end of the file",
-                                       chunk=where)
-            if self.spec.minishard_index_encoding == "gzip":
-                buf = decode_gzip(buf, self.max_minishard_bytes, where=where, what="minishard index")
-            mi = parse_minishard_index(buf, self.index_end, file_size=None, where=where)
-        minishard_cache.put(ck, (mi,), 64 + mi.ids.nbytes * 3)
-        return mi
+            for (m, a, b), buf in zip(fetch, raws):
+                if len(buf) != b - a:
+                    raise ShardFormatError(f"minishard index [{a}, {b}) lies past the end of the "
+                                           f"file", chunk=wheres[m])
+                if self.spec.minishard_index_encoding == "gzip":
+                    buf = decode_gzip(buf, self.max_minishard_bytes, where=wheres[m],
+                                      what="minishard index")
+                out[m] = parse_minishard_index(buf, self.index_end, file_size=None, where=wheres[m])
+        for m, mi in out.items():
+            minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
+        return out
 
     def read_chunks(self, shard: int, chunk_ids: np.ndarray, minishards: np.ndarray,
                     describe) -> list[bytes | None]:
@@ -370,11 +408,13 @@ class ShardReader:
         out: list[bytes | None] = [None] * len(chunk_ids)
         want: list[int] = []
         ranges: list[tuple[int, int]] = []
-        for m in np.unique(minishards).tolist():
+        wanted = np.unique(minishards).tolist()
+        indices = self.minishard_indices(shard, wanted)
+        if indices is None:
+            return out
+        for m in wanted:
             sel = np.nonzero(minishards == m)[0]
-            mi = self.minishard_index(shard, int(m))
-            if mi is None:
-                return out
+            mi = indices[m]
             found, starts, ends = mi.lookup(chunk_ids[sel])
             for j in np.nonzero(found)[0].tolist():
                 s, e = int(starts[j]), int(ends[j])

@@ -48,6 +48,8 @@ _hugepage_lock = threading.Lock()
 LARGE_RESULT_BYTES = 32 << 20
 # Results up to this size, from one shard, are decoded by the calling thread.
 INLINE_DECODE_BYTES = 4 << 20
+# Unsharded chunks fetched by one task from a remote store, their requests concurrent.
+REMOTE_BATCH = 32
 
 
 def _result(shape, dtype) -> tuple[np.ndarray, bool]:
@@ -320,7 +322,23 @@ class ScaleReader:
         # C-ordered result (z-neighbours share every page, and first-touching one page from
         # several threads at once costs repeated faults; measured ~60% more faults).
         order = np.lexsort((cells[:, 0], cells[:, 1], cells[:, 2])).tolist()
-        tasks = [pool.submit(one, i) for i in order]
+        if store.batches_reads:
+            # A remote store: each task sends a batch of requests at once, so that latency, not
+            # the number of worker threads, bounds how many are in flight.
+            per = max(1, min(REMOTE_BATCH, -(-len(order) // pool._max_workers)))
+
+            def batch(members):
+                names = [_Lazy(self._describe_unsharded, cells[i]) for i in members]
+                blobs = store.read_many([self._unsharded_key(cells[i]) for i in members])
+                for i, name, blob in zip(members, names, blobs):
+                    if blob is None:
+                        self._missing(name, jobs[i], out, zeroed)
+                    else:
+                        self._place(blob, cells[i], jobs[i], out, name)
+
+            tasks = [pool.submit(batch, order[k:k + per]) for k in range(0, len(order), per)]
+        else:
+            tasks = [pool.submit(one, i) for i in order]
         try:
             _wait_all(tasks)
         finally:
