@@ -15,6 +15,9 @@ W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
 W4  dask.distributed LocalCluster, 2 worker processes, W1's sharded volume: GB/s and the storage
     requests each worker made.
+W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
+    (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
+    TensorStore, CloudVolume.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ def worker(task: str, reader: str, path: str) -> dict:
 
         import xarray_precomputed.backend
         from xarray_precomputed import storage
+
+        if task == "W5":  # the HTTP client behind fsspec is imported on the first remote open
+            import aiohttp  # noqa: F401
+            import fsspec.implementations.http  # noqa: F401
     elif reader == "ts":
         import tensorstore as ts
     elif reader == "cv":
@@ -114,6 +121,18 @@ def worker(task: str, reader: str, path: str) -> dict:
             a = CloudVolume("file://" + path, fill_missing=True, progress=False)[:, :, :]
         dt = time.perf_counter() - t0
         result = {"seconds": dt, "bytes": int(a.nbytes), "peak_mb": _rss_mb() - base_rss,
+                  "checksum": int(np.asarray(a).view(np.uint8)[::4099].sum())}
+    elif task == "W5":
+        url = path
+        if reader == "ours":
+            ds = xr.open_dataset(url, engine="precomputed")
+            a = ds[ds.attrs["type"]].values
+        elif reader == "ts":
+            a = ts.open({"driver": "neuroglancer_precomputed", "kvstore": url + "/"}).result() \
+                .read().result()
+        else:
+            a = CloudVolume(url, fill_missing=True, progress=False)[:, :, :]
+        result = {"seconds": time.perf_counter() - t0, "bytes": int(a.nbytes),
                   "checksum": int(np.asarray(a).view(np.uint8)[::4099].sum())}
     elif task == "W2":
         shape = (512, 512, 256)
@@ -216,6 +235,26 @@ def _worker_counts() -> dict:
 
 # ------------------------------------------------------------------ driver
 
+def _latency_server(root, latency_ms: float):
+    """Start latency_server.py on a free port: (process, base URL)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(HERE / "latency_server.py"), str(root),
+                             "--delay-ms", str(latency_ms), "--port", str(port)])
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("latency_server.py did not start")
+
+
 def run_one(task, reader, path) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", task, reader, str(path)],
                          capture_output=True, text=True, timeout=900)
@@ -228,7 +267,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", default="/tmp/xp-bench")
-    ap.add_argument("--only", default="W1,W2,W3,W4")
+    ap.add_argument("--only", default="W1,W2,W3,W4,W5")
+    ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
     args = ap.parse_args()
     if args.worker:
@@ -246,6 +286,7 @@ def main() -> None:
     def record(key, r):
         results.setdefault(key, []).append(r)
 
+    server = _latency_server(args.root, args.latency_ms) if "W5" in only else None
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
@@ -259,7 +300,14 @@ def main() -> None:
                 record(("W3", "mcns", reader), run_one("W3", reader, paths["mcns"]))
         if "W4" in only and rnd < 2:
             record(("W4", "seg", "ours"), run_one("W4", "ours", paths["seg"]))
+        if server is not None:
+            for vol in ("seg", "em"):
+                for reader in ("ours", "ts", "cv"):
+                    record(("W5", vol, reader), run_one("W5", reader, f"{server[1]}/{vol}"))
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+    if server is not None:
+        server[0].terminate()
+        server[0].wait()
 
     print(report(results))
     out = HERE / "results"
@@ -321,6 +369,17 @@ def report(results) -> str:
         lines.append(f"seg | {nbytes / _med(rs, 'seconds') / 1e9:.2f} | "
                      f"{nbytes / _med(rs, 'reduce_seconds') / 1e9:.2f} | {reqs[-1] if reqs else '?'}"
                      f"{_err(rs)}")
+    if any(k[0] == "W5" for k in results):
+        lines += ["W5 full read over HTTP, 20 ms per request | reader | GB/s | ratio to faster peer",
+                  "--- | --- | --- | ---"]
+        for vol in ("seg", "em"):
+            rates = {r: _med(rs, "bytes") / _med(rs, "seconds") / 1e9
+                     for r in ("ours", "ts", "cv") if (rs := results.get(("W5", vol, r)))}
+            peer = max((rates[r] for r in ("ts", "cv") if r in rates), default=float("nan"))
+            for reader, gbs in rates.items():
+                lines.append(f"{vol} | {reader} | {gbs:.2f} | {gbs / peer:.2f}x"
+                             f"{_err(results[('W5', vol, reader)])}")
+        lines.append("")
     return "\n".join(lines)
 
 
