@@ -167,3 +167,28 @@ def test_http_unsharded_reads_keep_many_requests_in_flight(volumes):
         got = r.read()
         assert np.array_equal(got, truth["plain"])
         assert srv.max_in_flight > workers, (srv.max_in_flight, workers)
+
+
+def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkeypatch):
+    """A batch of chunk requests can fail as a whole (the event loop, a time-out): a transient
+    failure is retried, anything else is a StorageError naming a chunk — never zeros."""
+    from xarray_precomputed import storage
+
+    root, truth = volumes
+    real = storage.FsspecStore._cat_files
+    failures = {"left": 1, "exc": ConnectionResetError("connection reset by peer")}
+
+    def flaky(self, paths):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise failures["exc"]
+        return real(self, paths)
+
+    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.001)
+    monkeypatch.setattr(storage.FsspecStore, "_cat_files", flaky)
+    with serve(str(root)) as (base, _):
+        assert np.array_equal(Volume.open(f"{base}/plain").scale(0).read(), truth["plain"])
+        failures.update(left=1000, exc=RuntimeError("event loop closed"))
+        with pytest.raises(StorageError, match="event loop closed") as e:
+            Volume.open(f"{base}/plain").scale(0).read()
+        assert f"{base}/plain/" in str(e.value)

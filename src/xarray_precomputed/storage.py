@@ -348,7 +348,13 @@ class FsspecStore(Store):
         todo = list(range(len(keys)))
         delay = RETRY_BACKOFF
         for attempt in range(RETRIES + 1):
-            for i, v in zip(todo, self._cat_files([paths[i] for i in todo])):
+            try:
+                answers = self._cat_files([paths[i] for i in todo])
+            except Exception as e:  # the batch as a whole failed (the event loop, a time-out)
+                if attempt == RETRIES or not _is_transient(e):
+                    raise self._fail(keys[todo[0]], e) from e
+                answers = [e] * len(todo)
+            for i, v in zip(todo, answers):
                 got[i] = v
             todo = [i for i in todo if isinstance(got[i], BaseException) and _is_transient(got[i])]
             if not todo or attempt == RETRIES:

@@ -50,6 +50,7 @@ LARGE_RESULT_BYTES = 32 << 20
 INLINE_DECODE_BYTES = 4 << 20
 # Unsharded chunks fetched by one task from a remote store, their requests concurrent.
 REMOTE_BATCH = 32
+REMOTE_BATCH_BYTES = 64 << 20
 
 
 def _result(shape, dtype) -> tuple[np.ndarray, bool]:
@@ -325,7 +326,11 @@ class ScaleReader:
         if store.batches_reads:
             # A remote store: each task sends a batch of requests at once, so that latency, not
             # the number of worker threads, bounds how many are in flight.
-            per = max(1, min(REMOTE_BATCH, -(-len(order) // pool._max_workers)))
+            # A batch holds its chunks until they are decoded: ~REMOTE_BATCH_BYTES at most (counted
+            # at their decoded size, which stored chunks rarely exceed).
+            chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
+            per = max(1, min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes),
+                             -(-len(order) // pool._max_workers)))
 
             def batch(members):
                 names = [_Lazy(self._describe_unsharded, cells[i]) for i in members]
