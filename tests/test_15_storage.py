@@ -154,19 +154,26 @@ def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
             s.read_with("small", bytes)
 
 
-def test_http_unsharded_reads_keep_many_requests_in_flight(volumes):
+def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch):
     """Over a network each chunk costs a round trip: the chunks of one read are requested in
     batches that run concurrently, so far more requests are in flight than there are worker
     threads (one chunk per worker kept it at the worker count), and the data is the same."""
-    from xarray_precomputed.volume import executor
+    from concurrent.futures import ThreadPoolExecutor
+
+    from xarray_precomputed import volume
 
     root, truth = volumes
-    workers = executor()._max_workers
-    with serve(str(root), delay=0.05) as (base, srv):
-        r = Volume.open(f"{base}/plain").scale(0)  # 5 x 3 x 3 = 45 chunks
-        got = r.read()
-        assert np.array_equal(got, truth["plain"])
-        assert srv.max_in_flight > workers, (srv.max_in_flight, workers)
+    workers = 4  # fixed, whatever the machine's core count
+    pool = ThreadPoolExecutor(workers)
+    monkeypatch.setattr(volume, "executor", lambda: pool)
+    try:
+        with serve(str(root), delay=0.05) as (base, srv):
+            r = Volume.open(f"{base}/plain").scale(0)  # 5 x 3 x 3 = 45 chunks
+            got = r.read()
+            assert np.array_equal(got, truth["plain"])
+            assert srv.max_in_flight > workers, (srv.max_in_flight, workers)
+    finally:
+        pool.shutdown()
 
 
 def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkeypatch):
@@ -192,3 +199,21 @@ def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkey
         with pytest.raises(StorageError, match="event loop closed") as e:
             Volume.open(f"{base}/plain").scale(0).read()
         assert f"{base}/plain/" in str(e.value)
+
+
+def test_refused_connections_are_transient_and_client_errors_are_not():
+    """aiohttp reports a refused or failed connection as ClientConnectorError (an OSError, not a
+    ConnectionError): retried like a reset; a 404 or 403 answer is not."""
+    import aiohttp
+
+    from xarray_precomputed.storage import _is_transient
+
+    class Key:
+        host, port, ssl = "127.0.0.1", 9, None
+
+    refused = aiohttp.ClientConnectorError(Key(), ConnectionRefusedError(111, "refused"))
+    assert _is_transient(refused)
+    assert _is_transient(aiohttp.ServerDisconnectedError())
+    for status in (403, 404):
+        assert not _is_transient(aiohttp.ClientResponseError(None, (), status=status))
+    assert _is_transient(aiohttp.ClientResponseError(None, (), status=503))

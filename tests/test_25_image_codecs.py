@@ -232,6 +232,26 @@ def test_jxl_lossless(tmp_path, channels, encoder):
     np.testing.assert_array_equal(s.read(box), data[box])
 
 
+def jxl_frames(block) -> bytes:
+    """One grey frame per channel (Neuroglancer's channel-major reading), stated as grey frames
+    explicitly: CloudVolume's "RGB" call lets imagecodecs guess, which fails for x = 1."""
+    img = np.ascontiguousarray(block.transpose(2, 1, 0, 3)).reshape(-1, block.shape[0],
+                                                                     block.shape[3])
+    return imagecodecs.jpegxl_encode(np.ascontiguousarray(np.transpose(img, (2, 0, 1))),
+                                     photometric="GRAY", lossless=True)
+
+
+@pytest.mark.parametrize("encoder", ["interleaved", "frames"])
+def test_jxl_edge_chunks_of_as_many_voxels_as_channels(tmp_path, encoder):
+    """Edge chunks of 1x1x3 voxels with 3 channels: the image is 3 x 1 pixels, and imagecodecs
+    accepts an output differing from the image only by axes of length 1, so the layout must come
+    from the shape it decodes to (a one-frame-per-channel chunk once came back transposed)."""
+    data = np.random.default_rng(11).integers(0, 255, (9, 9, 3, 3), np.uint8)
+    encode = jxl_interleaved if encoder == "interleaved" else jxl_frames
+    path = write_volume(tmp_path / "v", data, encoding="jxl", chunk_size=(8, 8, 3), encode=encode)
+    np.testing.assert_array_equal(read(path), data)
+
+
 def test_jxl_lossy_matches_the_encoders_own_decode(tmp_path):
     data = smooth(JXL_SHAPE + (3,), 20)
     path = write_volume(tmp_path / "v", data, encoding="jxl", chunk_size=JXL_CHUNK,

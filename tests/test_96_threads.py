@@ -257,15 +257,23 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     reader = r._shards
     sets = [[0, 1], [1, 2], [2, 3], [3, 0], [3, 2, 1, 0], [0], [2]]
     before = dict(sharding.index_fetches)
-    barrier = threading.Barrier(THREADS)
+    barrier = threading.Barrier(THREADS, timeout=30)
+    results: dict = {}
 
     def fetch(k):
         barrier.wait()
-        return reader.minishard_indices(int(shards[0]), sets[k % len(sets)][::-1 if k % 2 else 1])
+        results[k] = reader.minishard_indices(int(shards[0]),
+                                              sets[k % len(sets)][::-1 if k % 2 else 1])
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        results = list(pool.map(fetch, range(THREADS), timeout=60))
-    for k, got in enumerate(results):
+    # Daemon threads joined with a deadline: a deadlock fails the test instead of hanging it.
+    threads = [threading.Thread(target=fetch, args=(k,), daemon=True) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "threads still waiting: a lock-order deadlock"
+    assert sorted(results) == list(range(THREADS))
+    for k, got in results.items():
         assert sorted(got) == sorted(sets[k % len(sets)])
     fetched = sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0)
     assert fetched == 4

@@ -817,6 +817,9 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
             reports[s.name].bytes_stored = sum(r[0] or 0 for r in recs.values())
             prefix_done = (st.state / "done").path + "/"
             keys = _list(st.sp.store, prefix_done)
+            # zarr's local store writes `<key>.<uuid>.partial` and renames it into place: a run
+            # killed mid-write leaves one behind, which nothing else would ever remove.
+            keys += [k for k in _list(st.sp.store, st.sp.path + "/") if k.endswith(".partial")]
             list(pool.map(lambda k, store=st.sp.store: _sync(store.delete(k)), keys))
     report.seconds = time.perf_counter() - t0
     return report

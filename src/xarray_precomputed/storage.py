@@ -271,7 +271,7 @@ def _is_transient(e: BaseException) -> bool:
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
     name = type(e).__name__
-    return any(k in name for k in ("Connection", "Disconnected", "Timeout", "Payload"))
+    return any(k in name for k in ("Connection", "Connector", "Disconnected", "Timeout", "Payload"))
 
 
 def _with_retries(fn, *args):

@@ -281,8 +281,7 @@ class ScaleReader:
             try:
                 _wait_all(decodes)
             finally:
-                for f in decodes:
-                    f.cancel()
+                _settle(decodes)
             return
         # With enough groups to keep every worker busy, each task fetches and decodes its group;
         # otherwise (a read inside one or two shards) the chunks of a group decode in parallel.
@@ -298,8 +297,7 @@ class ScaleReader:
                     decodes.extend(pool.submit(finish, [r]) for r in f.result())
             _wait_all(tasks + decodes)
         finally:
-            for f in tasks + decodes:
-                f.cancel()
+            _settle(tasks + decodes)
 
     def _read_unsharded(self, cells: np.ndarray, jobs: list, out: np.ndarray,
                         zeroed: bool) -> None:
@@ -347,8 +345,16 @@ class ScaleReader:
         try:
             _wait_all(tasks)
         finally:
-            for f in tasks:
-                f.cancel()
+            _settle(tasks)
+
+
+def _settle(tasks: list[Future]) -> None:
+    """Cancel the tasks not started and wait for those running, so that a read that fails leaves
+    no work behind: tasks still fetching would go on sending requests, and retrying them, after
+    the caller had its error (and into the next read's request counts)."""
+    for f in tasks:
+        f.cancel()
+    wait(tasks)
 
 
 def _dest_index(job) -> tuple:
@@ -359,7 +365,7 @@ def _dest_index(job) -> tuple:
 
 
 def _wait_all(tasks: list[Future]) -> None:
-    """Wait for every task; the first failure is raised (the caller cancels the rest)."""
+    """Wait for every task; the first failure is raised (the caller settles the rest)."""
     wait(tasks, return_when=FIRST_EXCEPTION)
     for f in tasks:
         f.result()

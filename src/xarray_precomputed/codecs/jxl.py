@@ -137,30 +137,46 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     # each shape a valid chunk can have: imagecodecs compares it with the image's shape and
     # sample type before decoding any pixel, and a stream of thousands of frames allocates
     # nothing beyond the one chunk.
-    layouts = [("interleaved", frame if num_channels == 1 else (*frame, num_channels))]
-    if num_channels > 1:
-        layouts.append(("planar", (num_channels, *frame)))
+    interleaved = frame if num_channels == 1 else (*frame, num_channels)
+    planar = (num_channels, *frame)
     mismatch = ""
-    for layout, shape in layouts:
-        pixels = np.empty(shape, np.uint8)
+    for shape in (interleaved, planar) if num_channels > 1 else (interleaved,):
         try:
-            imagecodecs.jpegxl_decode(data, out=pixels)
-        except ValueError as e:
-            if str(e).startswith("invalid out."):
-                mismatch = str(e)
-                continue
-            raise CorruptChunkError(f"corrupt JPEG XL image (ValueError: {e})",
-                                    chunk=chunk) from None
-        except Exception as e:  # JpegxlError, and RuntimeError on some damaged input
-            raise CorruptChunkError(f"corrupt JPEG XL image ({type(e).__name__}: {e})",
-                                    chunk=chunk) from None
+            # imagecodecs returns a view of `out` in the image's own shape; it accepts an `out`
+            # that differs only by axes of length 1, so that shape, not ours, says the layout.
+            pixels = _decode(data, chunk, out=np.empty(shape, np.uint8))
+        except _Mismatch as e:
+            mismatch = str(e)
+            continue
         break
     else:
         raise _refusal(mismatch, frame, num_channels, chunk)
-    if num_channels > 1 and height == width == num_channels:
+    if pixels.shape == interleaved == planar:
         # (n, n, n) fits both layouts: one frame of the image says which it is.
-        layout = "interleaved" if imagecodecs.jpegxl_decode(data, 0).ndim == 3 else "planar"
-    if layout == "interleaved":
+        if _decode(data, chunk, index=0).ndim == 3:
+            place_interleaved(pixels, out, chunk_shape, origin)
+        else:
+            place_planar(pixels, out, chunk_shape, origin)
+    elif pixels.shape == interleaved:
         place_interleaved(pixels, out, chunk_shape, origin)
-    else:
+    elif pixels.shape == planar:
         place_planar(pixels, out, chunk_shape, origin)
+    else:
+        raise CorruptChunkError(f"JPEG XL image decodes to shape {pixels.shape}, not {height} x "
+                                f"{width} pixels of {num_channels} channel(s)", chunk=chunk)
+
+
+class _Mismatch(Exception):
+    """The image's shape or sample type differs from the `out` array offered (nothing decoded)."""
+
+
+def _decode(data: bytes, chunk, **kw) -> np.ndarray:
+    try:
+        return imagecodecs.jpegxl_decode(data, **kw)
+    except ValueError as e:
+        if str(e).startswith("invalid out."):
+            raise _Mismatch(str(e)) from None
+        raise CorruptChunkError(f"corrupt JPEG XL image (ValueError: {e})", chunk=chunk) from None
+    except Exception as e:  # JpegxlError, and RuntimeError on some damaged input
+        raise CorruptChunkError(f"corrupt JPEG XL image ({type(e).__name__}: {e})",
+                                chunk=chunk) from None

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import BoundsError, InfoError, MissingChunkError, PrecomputedError
 from ..info import ScaleInfo, VolumeInfo, parse_info
 from ..selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
-from ..volume import executor
+from ..volume import _settle, executor
 from ..storage import is_local, open_store, store_options_key, strip_scheme_prefix
 from .block import decode_block, scratch_block
 from .shards import ShardFiles, ShardLayout, block_bytes, max_block_bytes
@@ -193,6 +193,5 @@ class DvidScaleReader:
             for f in decodes:
                 f.result()
         finally:
-            for f in fetched + decodes:
-                f.cancel()
+            _settle(fetched + decodes)
         return out
