@@ -26,7 +26,11 @@ def volumes(tmp_path_factory):
     labels = oracle.make_data((40, 24, 18, 1), np.uint64, seed=4, labels=True)
     oracle.write_volume(root / "sharded", labels, chunk_size=(8, 8, 4), encoding="compressed_segmentation",
                         sharding=SHARDING, block_size=(4, 4, 2))
-    return root, {"plain": data, "sharded": labels}
+    many = oracle.make_data((64, 64, 16, 1), np.uint8, seed=5)
+    oracle.write_volume(root / "manyshards", many, chunk_size=(8, 8, 8),
+                        sharding={"preshift_bits": 0, "hash": "identity", "minishard_bits": 0,
+                                  "shard_bits": 5})
+    return root, {"plain": data, "sharded": labels, "manyshards": many}
 
 
 def test_coalesce_merges_close_ranges_and_maps_each_back():
@@ -217,3 +221,54 @@ def test_refused_connections_are_transient_and_client_errors_are_not():
     for status in (403, 404):
         assert not _is_transient(aiohttp.ClientResponseError(None, (), status=status))
     assert _is_transient(aiohttp.ClientResponseError(None, (), status=503))
+
+
+def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):
+    """Each shard costs round trips of its own (shard index, minishard index, data): a read over
+    32 shards keeps many shards in flight, not one per decoding thread, and reads the same."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from xarray_precomputed import sharding, volume
+
+    root, truth = volumes
+    pool = ThreadPoolExecutor(4)
+    monkeypatch.setattr(volume, "executor", lambda: pool)
+    sharding.minishard_cache.clear()
+    try:
+        with serve(str(root), delay=0.05) as (base, srv):
+            got = Volume.open(f"{base}/manyshards").scale(0).read()
+            assert np.array_equal(got, truth["manyshards"])
+            assert srv.max_in_flight > 8, srv.max_in_flight
+    finally:
+        pool.shutdown()
+
+
+def test_threads_missing_a_refused_index_together_send_one_request(volumes):
+    """Threads waiting on the same shard index fetch share its failure: a refused shard is asked
+    for once, and every thread gets the refusal (not a second request, and never zeros)."""
+    import threading
+
+    from xarray_precomputed import sharding
+
+    root, _ = volumes
+    sharding.minishard_cache.clear()
+    sharding._layout_cache.clear()
+    with serve(str(root), refuse={r"manyshards/.*/00\.shard$": 403}, delay=0.1) as (base, srv):
+        r = Volume.open(f"{base}/manyshards").scale(0)
+        errors, barrier = [], threading.Barrier(8, timeout=30)
+
+        def read():
+            barrier.wait()
+            try:
+                r.read((slice(0, 8), slice(0, 8), slice(0, 8)))  # chunk id 0: shard 0
+            except PermissionDeniedError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=read, daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(errors) == 8
+        refused = [q for q in srv.requests if q[1].endswith("/00.shard")]
+        assert len(refused) == 1, refused

@@ -204,15 +204,22 @@ _inflight: dict = {}
 @contextmanager
 def _one_fetch(key):
     """Held around a cache miss: threads missing the same key at once wait for the first one's
-    fetch (and then find it cached) instead of repeating it."""
+    fetch (and then find it cached) instead of repeating it. If that fetch fails, those already
+    waiting fail with the same error rather than send the refused request again."""
     with _inflight_lock:
         entry = _inflight.get(key)
         if entry is None:
-            entry = _inflight[key] = [threading.Lock(), 0]
+            entry = _inflight[key] = [threading.Lock(), 0, None]
         entry[1] += 1
     try:
         with entry[0]:
-            yield
+            if entry[2] is not None:
+                raise entry[2]
+            try:
+                yield
+            except Exception as e:
+                entry[2] = e
+                raise
     finally:
         with _inflight_lock:
             entry[1] -= 1

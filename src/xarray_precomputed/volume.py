@@ -10,7 +10,7 @@ import functools
 import math
 import os
 import threading
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,6 +40,22 @@ def executor() -> ThreadPoolExecutor:
         return _pool
 
 
+_io_pool: ThreadPoolExecutor | None = None
+_io_pool_pid: int | None = None
+
+
+def io_executor() -> ThreadPoolExecutor:
+    """Threads that wait on a remote store (each blocks while fsspec's event loop does the I/O),
+    so that many requests are in flight whatever the core count; decoding stays on executor()."""
+    global _io_pool, _io_pool_pid
+    with _pool_lock:
+        if _io_pool is None or _io_pool_pid != os.getpid():
+            _io_pool = ThreadPoolExecutor(max_workers=REMOTE_IN_FLIGHT,
+                                          thread_name_prefix="xarray-precomputed-io")
+            _io_pool_pid = os.getpid()
+        return _io_pool
+
+
 _set_hugepage = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
 _hugepage_lock = threading.Lock()
 
@@ -48,9 +64,13 @@ _hugepage_lock = threading.Lock()
 LARGE_RESULT_BYTES = 32 << 20
 # Results up to this size, from one shard, are decoded by the calling thread.
 INLINE_DECODE_BYTES = 4 << 20
-# Unsharded chunks fetched by one task from a remote store, their requests concurrent.
+# From a remote store, chunks are fetched in batches of at most REMOTE_BATCH chunks and about
+# REMOTE_BATCH_BYTES (counted at their decoded size, which stored chunks rarely exceed), up to
+# REMOTE_IN_FLIGHT batches at once (fetched batches waiting to be decoded count too, so memory
+# stays bounded when decoding is the slower side).
 REMOTE_BATCH = 32
-REMOTE_BATCH_BYTES = 64 << 20
+REMOTE_BATCH_BYTES = 16 << 20
+REMOTE_IN_FLIGHT = 32
 
 
 def _result(shape, dtype) -> tuple[np.ndarray, bool]:
@@ -178,6 +198,16 @@ class ScaleReader:
         return ShardReader(self.store, s.path, s.sharding, max_chunk_bytes=self._max_stored_bytes(),
                            max_chunks=math.prod(self.grid_shape))
 
+    def _remote_batch(self, n: int, spread: bool = True) -> int:
+        """Chunks per remote batch for a read of `n` chunks: bounded in count and bytes and, with
+        `spread`, small enough that the batches of a small read are decoded by every worker
+        (sharded reads are spread by their shards already)."""
+        chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
+        per = min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes))
+        if spread:
+            per = min(per, -(-n // executor()._max_workers))
+        return max(1, per)
+
     def _max_stored_bytes(self) -> int:
         # compressed_segmentation can exceed the raw size (headers, tables): bound it generously.
         voxels = math.prod(self.chunk_size) * self.info.num_channels
@@ -283,6 +313,13 @@ class ScaleReader:
             finally:
                 _settle(decodes)
             return
+        if self.store.batches_reads:
+            # A remote store: latency bounds the read, so many shard groups are fetched at once
+            # (large groups split into batches) and decoded as they arrive.
+            per = self._remote_batch(len(ids), spread=False)
+            batches = [(g, m[k:k + per]) for g, m in groups for k in range(0, len(m), per)]
+            _pipeline(batches, lambda b: fetch(*b), finish)
+            return
         # With enough groups to keep every worker busy, each task fetches and decodes its group;
         # otherwise (a read inside one or two shards) the chunks of a group decode in parallel.
         inline = len(groups) >= pool._max_workers
@@ -322,30 +359,61 @@ class ScaleReader:
         # several threads at once costs repeated faults; measured ~60% more faults).
         order = np.lexsort((cells[:, 0], cells[:, 1], cells[:, 2])).tolist()
         if store.batches_reads:
-            # A remote store: each task sends a batch of requests at once, so that latency, not
-            # the number of worker threads, bounds how many are in flight.
-            # A batch holds its chunks until they are decoded: ~REMOTE_BATCH_BYTES at most (counted
-            # at their decoded size, which stored chunks rarely exceed).
-            chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
-            per = max(1, min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes),
-                             -(-len(order) // pool._max_workers)))
+            # A remote store: batches of chunks are fetched with concurrent requests, many batches
+            # at once, so that latency, not the number of threads, bounds the requests in flight.
+            per = self._remote_batch(len(order))
 
-            def batch(members):
-                names = [_Lazy(self._describe_unsharded, cells[i]) for i in members]
+            def fetch(members):
                 blobs = store.read_many([self._unsharded_key(cells[i]) for i in members])
-                for i, name, blob in zip(members, names, blobs):
+                return list(zip(members, blobs))
+
+            def decode(fetched):
+                for i, blob in fetched:
+                    name = _Lazy(self._describe_unsharded, cells[i])
                     if blob is None:
                         self._missing(name, jobs[i], out, zeroed)
                     else:
                         self._place(blob, cells[i], jobs[i], out, name)
 
-            tasks = [pool.submit(batch, order[k:k + per]) for k in range(0, len(order), per)]
-        else:
-            tasks = [pool.submit(one, i) for i in order]
+            _pipeline([order[k:k + per] for k in range(0, len(order), per)], fetch, decode)
+            return
+        tasks = [pool.submit(one, i) for i in order]
         try:
             _wait_all(tasks)
         finally:
             _settle(tasks)
+
+
+def _pipeline(jobs: list, fetch, decode) -> None:
+    """`decode(fetch(job))` for every job: fetches on the I/O pool, at most REMOTE_IN_FLIGHT jobs
+    fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives.
+    The first failure is raised once nothing is left running."""
+    io, cpu = io_executor(), executor()
+    todo = iter(jobs)
+    fetching: set[Future] = set()
+    decoding: set[Future] = set()
+    try:
+        while True:
+            while len(fetching) + len(decoding) < REMOTE_IN_FLIGHT:
+                job = next(todo, _END)
+                if job is _END:
+                    break
+                fetching.add(io.submit(fetch, job))
+            if not fetching and not decoding:
+                return
+            done, _ = wait(fetching | decoding, return_when=FIRST_COMPLETED)
+            for f in done:
+                if f in fetching:
+                    fetching.discard(f)
+                    decoding.add(cpu.submit(decode, f.result()))
+                else:
+                    decoding.discard(f)
+                    f.result()
+    finally:
+        _settle(list(fetching | decoding))
+
+
+_END = object()
 
 
 def _settle(tasks: list[Future]) -> None:
