@@ -14,6 +14,7 @@ import xarray as xr
 import oracle
 import servers
 from xarray_precomputed import Volume, sharding
+from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 
 THREADS = 16
 READS_PER_THREAD = 12
@@ -277,3 +278,43 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
         assert sorted(got) == sorted(sets[k % len(sets)])
     fetched = sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0)
     assert fetched == 4
+
+
+@pytest.mark.parametrize("error, shared", [
+    (lambda: PermissionDeniedError("access refused (403)", url="http://h/s/0.shard"), True),
+    (lambda: ShardFormatError("minishard index is corrupt", chunk="s/0.shard minishard 2"), False),
+])
+def test_single_flight_shares_storage_failures_only(error, shared):
+    """A waiter on a failed fetch gets a copy of a storage failure (the file is refused for
+    everyone) without fetching, but runs its own fetch after a format error (which concerns one
+    index only); a thread arriving after the failure always fetches afresh."""
+    import time
+
+    key = ("test-key", shared)
+    entered = threading.Event()
+    ran = []
+
+    def leader():
+        with pytest.raises(Exception):
+            with sharding._one_fetch(key):
+                entered.set()
+                time.sleep(0.2)  # the waiter queues up meanwhile
+                raise error()
+
+    def waiter():
+        entered.wait(10)
+        try:
+            with sharding._one_fetch(key):
+                ran.append("waiter")
+        except Exception as e:
+            ran.append(type(e).__name__)
+
+    threads = [threading.Thread(target=leader), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert ran == (["PermissionDeniedError"] if shared else ["waiter"])
+    with sharding._one_fetch(key):  # later arrivals try again
+        ran.append("later")
+    assert ran[-1] == "later" and key not in sharding._inflight

@@ -7,6 +7,8 @@ fetches each index once however many tasks touch it.
 
 from __future__ import annotations
 
+import copy
+import os
 import struct
 import threading
 import zlib
@@ -23,7 +25,7 @@ try:  # a dependency; the zlib path below is complete without it
 except ImportError:  # pragma: no cover - a platform without its wheel
     _deflate = None
 
-from .errors import CorruptChunkError, ShardFormatError
+from .errors import CorruptChunkError, ShardFormatError, StorageError
 from .info import ShardingSpec
 from .storage import Store
 
@@ -201,11 +203,22 @@ _inflight_lock = threading.Lock()
 _inflight: dict = {}
 
 
+def _reset_inflight() -> None:
+    # A forked child inherits the entries (and locks) of threads that do not exist in it.
+    global _inflight_lock, _inflight
+    _inflight_lock, _inflight = threading.Lock(), {}
+
+
+os.register_at_fork(after_in_child=_reset_inflight)
+
+
 @contextmanager
 def _one_fetch(key):
     """Held around a cache miss: threads missing the same key at once wait for the first one's
-    fetch (and then find it cached) instead of repeating it. If that fetch fails, those already
-    waiting fail with the same error rather than send the refused request again."""
+    fetch (and then find it cached) instead of repeating it. If that fetch fails in storage (the
+    file refused or unreadable as a whole, after retries), the threads already waiting fail with
+    a copy of that error rather than send the request again; later arrivals try afresh. Format
+    errors are not shared: they belong to one index, and a waiter may need another."""
     with _inflight_lock:
         entry = _inflight.get(key)
         if entry is None:
@@ -214,16 +227,19 @@ def _one_fetch(key):
     try:
         with entry[0]:
             if entry[2] is not None:
-                raise entry[2]
+                raise copy.copy(entry[2]).with_traceback(None) from None
             try:
                 yield
-            except Exception as e:
+            except StorageError as e:
                 entry[2] = e
+                with _inflight_lock:
+                    if _inflight.get(key) is entry:
+                        del _inflight[key]
                 raise
     finally:
         with _inflight_lock:
             entry[1] -= 1
-            if entry[1] == 0:
+            if entry[1] == 0 and _inflight.get(key) is entry:
                 del _inflight[key]
 
 
