@@ -290,6 +290,33 @@ def _with_retries(fn, *args):
     raise AssertionError("unreachable")
 
 
+def _retry_each(count: int, fetch) -> list:
+    """`fetch(indices)` answers a value or an exception for each of `indices`; the items whose
+    answer is a transient failure are asked again (RETRIES times, with backoff). A failure of the
+    whole call is retried the same way, else raised. Returns each item's last answer."""
+    got: list = [None] * count
+    todo = list(range(count))
+    delay = RETRY_BACKOFF
+    for attempt in range(RETRIES + 1):
+        try:
+            answers = fetch(todo)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            if attempt == RETRIES or not _is_transient(e):
+                raise
+            answers = [e] * len(todo)
+        for i, v in zip(todo, answers):
+            got[i] = v
+        todo = [i for i in todo if isinstance(got[i], BaseException) and _is_transient(got[i])]
+        if not todo or attempt == RETRIES:
+            break
+        request_counts["retry"] += len(todo)
+        time.sleep(delay)
+        delay *= 2
+    return got
+
+
 def _status_of(e: BaseException) -> int | None:
     for attr in ("status", "status_code", "code"):
         v = getattr(e, attr, None)
@@ -344,24 +371,10 @@ class FsspecStore(Store):
         # per worker thread kept only a few requests in flight (cost of latency, not bandwidth).
         request_counts["read"] += len(keys)
         paths = [self._path(k) for k in keys]
-        got: dict[int, Any] = {}
-        todo = list(range(len(keys)))
-        delay = RETRY_BACKOFF
-        for attempt in range(RETRIES + 1):
-            try:
-                answers = self._cat_files([paths[i] for i in todo])
-            except Exception as e:  # the batch as a whole failed (the event loop, a time-out)
-                if attempt == RETRIES or not _is_transient(e):
-                    raise self._fail(keys[todo[0]], e) from e
-                answers = [e] * len(todo)
-            for i, v in zip(todo, answers):
-                got[i] = v
-            todo = [i for i in todo if isinstance(got[i], BaseException) and _is_transient(got[i])]
-            if not todo or attempt == RETRIES:
-                break
-            request_counts["retry"] += len(todo)
-            time.sleep(delay)
-            delay *= 2
+        try:
+            got = _retry_each(len(keys), lambda todo: self._cat_files([paths[i] for i in todo]))
+        except Exception as e:  # the batch as a whole failed (the event loop, a time-out)
+            raise self._fail(keys[0], e) from e
         out: list[bytes | None] = []
         for i, key in enumerate(keys):
             v = got[i]
@@ -395,27 +408,17 @@ class FsspecStore(Store):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
         request_counts["range"] += len(merged)
         path = self._path(key)
-        blobs = [None] * len(merged)
-        todo = list(range(len(merged)))
-        delay = RETRY_BACKOFF
-        for attempt in range(RETRIES + 1):
-            try:
-                got = self.fs.cat_ranges([path] * len(todo), [merged[i][0] for i in todo],
-                                         [merged[i][1] for i in todo], on_error="return")
-            except FileNotFoundError:
-                return None
-            except Exception as e:
-                if attempt == RETRIES or not _is_transient(e):
-                    raise self._fail(key, e) from e
-                got = [e] * len(todo)
-            for i, b in zip(todo, got):
-                blobs[i] = b
-            todo = [i for i in todo if isinstance(blobs[i], BaseException) and _is_transient(blobs[i])]
-            if not todo or attempt == RETRIES:
-                break
-            request_counts["retry"] += len(todo)
-            time.sleep(delay)
-            delay *= 2
+
+        def fetch(todo):
+            return self.fs.cat_ranges([path] * len(todo), [merged[i][0] for i in todo],
+                                      [merged[i][1] for i in todo], on_error="return")
+
+        try:
+            blobs = _retry_each(len(merged), fetch)
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise self._fail(key, e) from e
         for i, b in enumerate(blobs):
             if isinstance(b, FileNotFoundError):
                 return None
