@@ -307,11 +307,7 @@ class ScaleReader:
             if len(results) == 1 or out.nbytes <= INLINE_DECODE_BYTES:
                 finish(results)
                 return
-            decodes = [pool.submit(finish, [r]) for r in results]
-            try:
-                _wait_all(decodes)
-            finally:
-                _settle(decodes)
+            _wait_all([pool.submit(finish, [r]) for r in results])
             return
         if self.store.batches_reads:
             # A remote store: latency bounds the read, so many shard groups are fetched at once
@@ -377,11 +373,7 @@ class ScaleReader:
 
             _pipeline([order[k:k + per] for k in range(0, len(order), per)], fetch, decode)
             return
-        tasks = [pool.submit(one, i) for i in order]
-        try:
-            _wait_all(tasks)
-        finally:
-            _settle(tasks)
+        _wait_all([pool.submit(one, i) for i in order])
 
 
 def _pipeline(jobs: list, fetch, decode) -> None:
@@ -433,10 +425,13 @@ def _dest_index(job) -> tuple:
 
 
 def _wait_all(tasks: list[Future]) -> None:
-    """Wait for every task; the first failure is raised (the caller settles the rest)."""
-    wait(tasks, return_when=FIRST_EXCEPTION)
-    for f in tasks:
-        f.result()
+    """Wait for every task; the first failure is raised once the rest are settled."""
+    try:
+        wait(tasks, return_when=FIRST_EXCEPTION)
+        for f in tasks:
+            f.result()
+    finally:
+        _settle(tasks)
 
 
 class _Lazy:
