@@ -1,21 +1,19 @@
-# The C extension holds the hot decoders (GIL released, bounds-checked); everything else is metadata
-# in pyproject.toml.
+# The C extensions hold the hot, bounds-checked loops (GIL released), one per subject, beside the
+# Python module that uses them; everything else is metadata in pyproject.toml.
 import numpy
 from setuptools import Extension, setup
 
+
+def ext(name: str, source: str, *extra: str) -> Extension:
+    return Extension(name, sources=[source], include_dirs=[numpy.get_include()],
+                     extra_compile_args=["-O3", "-std=c99", "-Wall", *extra])
+
+
 setup(
     ext_modules=[
-        Extension(
-            "xarray_precomputed._native",
-            sources=["src/xarray_precomputed/_native.c"],
-            include_dirs=[numpy.get_include()],
-            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-unused-function"],
-        ),
-        Extension(
-            "xarray_precomputed._layout",
-            sources=["src/xarray_precomputed/_layout.c"],
-            include_dirs=[numpy.get_include()],
-            extra_compile_args=["-O3", "-std=c99", "-Wall"],
-        ),
+        ext("xarray_precomputed.codecs._cseg", "src/xarray_precomputed/codecs/_cseg.c",
+            "-Wno-unused-function"),
+        ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
+        ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
     ]
 )

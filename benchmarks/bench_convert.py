@@ -36,7 +36,7 @@ def worker(tool: str, src: str, dst: str) -> dict:
         import zarr  # noqa: F401
 
         from xarray_precomputed import to_ome_zarr
-        from xarray_precomputed import backend  # noqa: F401
+        from xarray_precomputed.backends import precomputed as backend  # noqa: F401
     else:
         import tensorstore as ts
     shutil.rmtree(dst, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""GB/s of decoded uint64 output: our `_native.cseg_decode` vs the PyPI `compressed_segmentation`.
+"""GB/s of decoded uint64 output: our `_cseg.cseg_decode` vs the PyPI `compressed_segmentation`.
 
     python benchmarks/bench_cseg_decoder.py [--repeat N] [--data PATH]
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xarray_precomputed import _native
+from xarray_precomputed.codecs import _cseg
 
 try:
     import compressed_segmentation as pypi_cseg
@@ -35,7 +35,7 @@ def _ours(chunk, shape, order):
     out = np.empty(shape + (1,), np.uint64, order=order)
 
     def run():
-        _native.cseg_decode(chunk, out, shape, BLOCK, (0, 0, 0))
+        _cseg.cseg_decode(chunk, out, shape, BLOCK, (0, 0, 0))
     return run
 
 
@@ -88,7 +88,7 @@ def main() -> None:
         shape = arr.shape
         chunk = pypi_cseg.compress(np.asfortranarray(arr), block_size=BLOCK, order="F")
         check = np.empty(shape + (1,), np.uint64)
-        _native.cseg_decode(chunk, check, shape, BLOCK, (0, 0, 0))
+        _cseg.cseg_decode(chunk, check, shape, BLOCK, (0, 0, 0))
         assert np.array_equal(check[..., 0], arr)
         nbytes = arr.size * 8
         repeat = max(3, args.repeat * (64**3) // arr.size)

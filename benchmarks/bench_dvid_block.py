@@ -26,9 +26,9 @@ def main() -> None:
               for b in table.column("dvid_compressed_block").to_pylist()]
     blocks.append(gzip.decompress((DVID / "fib19-64x64x64-sample1-block.dat.gz").read_bytes()))
     out = np.empty((64, 64, 64), np.uint64)
-    native = blockmod._native
+    native = blockmod._block
     for name, impl in (("C", native), ("numpy", None)):
-        blockmod._native = impl
+        blockmod._block = impl
         try:
             for b in blocks[:20]:
                 blockmod.decode_block(b, out=out)
@@ -38,7 +38,7 @@ def main() -> None:
                     blockmod.decode_block(b, out=out)
             per = (time.perf_counter() - t0) / (3 * len(blocks))
         finally:
-            blockmod._native = native
+            blockmod._block = native
         print(f"{name:6s} {per * 1e3:.3f} ms per 64³ block ({len(blocks)} real blocks)")
 
 

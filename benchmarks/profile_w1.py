@@ -26,9 +26,12 @@ def child(path: str) -> dict:
     import dask.array  # noqa: F401  (imports are not what is measured)
     import xarray as xr
 
-    import xarray_precomputed.backend  # noqa: F401
+    import xarray_precomputed.backends.precomputed  # noqa: F401
     import xarray_precomputed.codecs as codecs
-    from xarray_precomputed import sharding, storage
+    from xarray_precomputed import storage
+    from xarray_precomputed.format import sharding
+    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed import util
 
     acc: collections.Counter = collections.Counter()
     lock = threading.Lock()

@@ -14,7 +14,7 @@ import time
 import dask.array  # noqa: F401  (imports are not what is profiled)
 import xarray as xr
 
-import xarray_precomputed.backend  # noqa: F401
+import xarray_precomputed.backends.precomputed  # noqa: F401
 
 
 def main() -> None:

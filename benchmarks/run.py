@@ -63,7 +63,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         except ImportError:
             pass
 
-        import xarray_precomputed.backend
+        import xarray_precomputed.backends.precomputed
         from xarray_precomputed import storage
 
         if task == "W5":  # the HTTP client behind fsspec is imported on the first remote open
@@ -106,7 +106,7 @@ def worker(task: str, reader: str, path: str) -> dict:
             # once from two threads. What first-touching the output alone costs on this machine.
             from concurrent.futures import ThreadPoolExecutor
 
-            from xarray_precomputed.volume import _result
+            from xarray_precomputed.reading.volume import _result
 
             info = json.loads(Path(path, "info").read_text())
             shape = (*info["scales"][0]["size"], info["num_channels"])
@@ -228,9 +228,12 @@ def _Ones(shape, dtype):
 
 
 def _worker_counts() -> dict:
-    from xarray_precomputed import sharding, storage
+    from xarray_precomputed import storage
+    from xarray_precomputed.format import sharding
+    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed import util
 
-    return {**storage.request_counts, **sharding.index_fetches}
+    return {**storage.request_counts, **shard_reader.index_fetches}
 
 
 # ------------------------------------------------------------------ driver

@@ -60,7 +60,7 @@ def _garbage_in_uninitialised_results(monkeypatch):
     memory held, so a voxel nobody wrote shows up in every comparison."""
     import numpy as np
 
-    from xarray_precomputed import volume
+    from xarray_precomputed.reading import volume
 
     def allocate(shape, dtype):
         a = np.empty(shape, dtype)

@@ -12,7 +12,7 @@ import pytest
 
 import oracle
 from xarray_precomputed.errors import InfoError, PrecomputedError
-from xarray_precomputed.info import ShardingSpec, parse_info
+from xarray_precomputed.format.info import ShardingSpec, parse_info
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

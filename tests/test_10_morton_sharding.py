@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 import oracle
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import PrecomputedError, ShardFormatError
-from xarray_precomputed.info import ShardingSpec
-from xarray_precomputed.morton import compressed_morton, morton_bits
-from xarray_precomputed.sharding import chunk_location, hash_ids, shard_filename
+from xarray_precomputed.format.info import ShardingSpec
+from xarray_precomputed.format.morton import compressed_morton, morton_bits
+from xarray_precomputed.format.sharding import chunk_location, hash_ids, shard_filename
 
 
 def spec(hash="identity", preshift=0, minishard=0, shard=0, **kw) -> ShardingSpec:

@@ -164,12 +164,12 @@ def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch)
     threads (one chunk per worker kept it at the worker count), and the data is the same."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from xarray_precomputed import volume
+    from xarray_precomputed.reading import volume
 
     root, truth = volumes
     workers = 4  # fixed, whatever the machine's core count
     pool = ThreadPoolExecutor(workers)
-    monkeypatch.setattr(volume, "executor", lambda: pool)
+    monkeypatch.setattr(volume, "cpu_pool", lambda: pool)
     try:
         with serve(str(root), delay=0.05) as (base, srv):
             r = Volume.open(f"{base}/plain").scale(0)  # 5 x 3 x 3 = 45 chunks
@@ -228,12 +228,15 @@ def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):
     32 shards keeps many shards in flight, not one per decoding thread, and reads the same."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from xarray_precomputed import sharding, volume
+    from xarray_precomputed.format import sharding
+    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed import util
+    from xarray_precomputed.reading import volume
 
     root, truth = volumes
     pool = ThreadPoolExecutor(4)
-    monkeypatch.setattr(volume, "executor", lambda: pool)
-    sharding.minishard_cache.clear()
+    monkeypatch.setattr(volume, "cpu_pool", lambda: pool)
+    shard_reader.minishard_cache.clear()
     try:
         with serve(str(root), delay=0.05) as (base, srv):
             got = Volume.open(f"{base}/manyshards").scale(0).read()
@@ -248,11 +251,13 @@ def test_threads_missing_a_refused_index_together_send_one_request(volumes):
     for once, and every thread gets the refusal (not a second request, and never zeros)."""
     import threading
 
-    from xarray_precomputed import sharding
+    from xarray_precomputed.format import sharding
+    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed import util
 
     root, _ = volumes
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     with serve(str(root), refuse={r"manyshards/.*/00\.shard$": 403}, delay=0.1) as (base, srv):
         r = Volume.open(f"{base}/manyshards").scale(0)
         errors, barrier = [], threading.Barrier(8, timeout=30)

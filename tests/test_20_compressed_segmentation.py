@@ -1,4 +1,4 @@
-"""compressed_segmentation decoder (C extension `_native.cseg_decode` + Python wrapper).
+"""compressed_segmentation decoder (C extension `_cseg.cseg_decode` + Python wrapper).
 
 Oracles: the spec's golden vectors, the PyPI `compressed_segmentation` package (used only to
 ENCODE), TensorStore (to write real multi-channel precomputed chunks), and a slow pure-Python
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import compressed_segmentation as pypi_cseg
 import oracle
-from xarray_precomputed import _native
+from xarray_precomputed.codecs import _cseg
 from xarray_precomputed.codecs.compressed_segmentation import decode, decode_into
 from xarray_precomputed.errors import ChunkError, CorruptChunkError
 
@@ -524,11 +524,11 @@ def test_absurd_geometry_never_crashes():
         decode_into(VALID_ONE, out, chunk_shape=(2**31 - 1,) * 3, block_size=(1, 1, 1), origin=(0, 0, 0),
                     chunk="c")
     with pytest.raises(ValueError):
-        _native.cseg_decode(VALID_ONE, out, (2**31,) * 3, (1, 1, 1), (0, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, out, (2**31,) * 3, (1, 1, 1), (0, 0, 0))
     with pytest.raises(ValueError):
-        _native.cseg_decode(VALID_ONE, out, (2, 2, 1), (0, 1, 1), (0, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (0, 1, 1), (0, 0, 0))
     with pytest.raises(ValueError):
-        _native.cseg_decode(VALID_ONE, out, (2, 2, 1), (1, 1, 1), (2**70, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (1, 1, 1), (2**70, 0, 0))
 
 
 def test_argument_errors_are_not_corrupt_chunk_errors():
@@ -551,16 +551,16 @@ def test_argument_errors_are_not_corrupt_chunk_errors():
         decode_into(VALID_ONE, ro, chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
     # the extension itself checks too (origin past the chunk, dtype, read-only, overlap)
     with pytest.raises(ValueError, match="exceeds"):
-        _native.cseg_decode(VALID_ONE, out, (2, 2, 1), (2, 2, 1), (1, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (2, 2, 1), (1, 0, 0))
     with pytest.raises(TypeError):
-        _native.cseg_decode(VALID_ONE, out.astype(np.float64), (2, 2, 1), (2, 2, 1), (0, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, out.astype(np.float64), (2, 2, 1), (2, 2, 1), (0, 0, 0))
     with pytest.raises(ValueError, match="read-only"):
-        _native.cseg_decode(VALID_ONE, ro, (2, 2, 1), (2, 2, 1), (0, 0, 0))
+        _cseg.cseg_decode(VALID_ONE, ro, (2, 2, 1), (2, 2, 1), (0, 0, 0))
     buf = np.zeros(64, np.uint8)
     buf[: len(VALID_ONE)] = np.frombuffer(VALID_ONE, np.uint8)
     alias = buf[32:].view(np.uint64).reshape(2, 2, 1, 1)
     with pytest.raises(ValueError, match="overlaps"):
-        _native.cseg_decode(buf, alias, (2, 2, 1), (2, 2, 1), (0, 0, 0))
+        _cseg.cseg_decode(buf, alias, (2, 2, 1), (2, 2, 1), (0, 0, 0))
     with pytest.raises(ValueError, match="overlaps"):
         decode_into(buf, alias, chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
 

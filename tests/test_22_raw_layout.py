@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import oracle
-from xarray_precomputed._layout import copy_fortran_chunk
+from xarray_precomputed.codecs.raw import copy_fortran_chunk
 
 
 @settings(max_examples=150, deadline=None)

@@ -152,7 +152,9 @@ def test_gzip_paths_agree_and_stay_bounded(monkeypatch, libdeflate):
     both paths accept and refuse the same inputs, and a forged size trailer cannot unbound it."""
     import zlib
 
-    from xarray_precomputed import sharding
+    from xarray_precomputed.format import sharding
+    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed import util
 
     if not libdeflate:
         monkeypatch.setattr(sharding, "_deflate", None)

@@ -21,8 +21,8 @@ import xarray as xr
 from xarray.core import indexing
 
 from xarray_precomputed import BoundsError, MissingChunkError, PrecomputedError
-from xarray_precomputed.backend import PrecomputedBackendArray
-from xarray_precomputed.volume import Volume
+from xarray_precomputed.backends.precomputed import PrecomputedBackendArray
+from xarray_precomputed.reading.volume import Volume
 
 # ---------------------------------------------------------------------------------------------
 # A small TensorStore writer

@@ -21,7 +21,7 @@ import pytest
 import tensorstore as ts
 import xarray as xr
 
-from xarray_precomputed.backend import PrecomputedBackendEntrypoint
+from xarray_precomputed.backends.precomputed import PrecomputedBackendEntrypoint
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MCNS_INFO = SHARED_DATA / "dvid" / "mcns-ng-specs.json"

@@ -35,10 +35,10 @@ from xarray_precomputed import (
     ShardFormatError,
     parse_info,
 )
-from xarray_precomputed.dvid import DvidScaleReader, ShardLayout, decode_block
+from xarray_precomputed.dvid import DvidScaleReader, ShardBoxes, decode_block
 from xarray_precomputed.dvid import shards as dvid_shards
-from xarray_precomputed.dvid_backend import DvidArrowBackendEntrypoint
-from xarray_precomputed.morton import compressed_morton
+from xarray_precomputed.backends.dvid_arrow import DvidArrowBackendEntrypoint
+from xarray_precomputed.format.morton import compressed_morton
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DVID = DATA / "dvid"
@@ -267,7 +267,7 @@ def test_shard_boxes_match_morton_codes(info_doc):
     info = parse_info(info_doc)
     rng = np.random.default_rng(1)
     for s in info.scales:
-        layout = ShardLayout.for_scale(s)
+        layout = ShardBoxes.for_scale(s)
         grid = np.array(s.grid_shape())
         assert all(b & (b - 1) == 0 for b in layout.box)
         low = s.sharding.preshift_bits + s.sharding.minishard_bits
@@ -278,7 +278,7 @@ def test_shard_boxes_match_morton_codes(info_doc):
         for i in range(0, 200, 7):
             same_box = np.all(boxes == boxes[i], axis=1)
             np.testing.assert_array_equal(same_box, codes == codes[i])
-    s1 = ShardLayout.for_scale(info.scales[1])
+    s1 = ShardBoxes.for_scale(info.scales[1])
     assert s1.box == (32, 32, 32)
     assert s1.base(s1.shard_of((509, 413, 469))) == f"s1/{SHARD}"
 
@@ -679,7 +679,7 @@ def _synthetic_export(root: Path, vol: np.ndarray, info: dict, *, skip=()) -> di
     stream files, current CSV index; chunks in `skip` and all-zero chunks are left out.
     Returns the agglomeration mapping used for `labels`."""
     scale = parse_info(info).scales[0]
-    layout = ShardLayout.for_scale(scale)
+    layout = ShardBoxes.for_scale(scale)
     cctx = zstandard.ZstdCompressor()
     schema = pa.schema([
         pa.field("chunk_x", pa.int32(), nullable=False), pa.field("chunk_y", pa.int32(), nullable=False),
@@ -732,7 +732,7 @@ def test_synthetic_export_whole_volume_with_edges(tmp_path):
     full[:150, :100, :70][rng.random(size) < 0.3] = 0
     full[:64, :64, 64:70] = 77  # a solid-ish region
     agglo = _synthetic_export(tmp_path / "export", full, info, skip={(1, 1, 0)})
-    assert ShardLayout.for_scale(parse_info(info).scales[0]).box == (2, 2, 1)
+    assert ShardBoxes.for_scale(parse_info(info).scales[0]).box == (2, 2, 1)
     assert sorted(p.name for p in (tmp_path / "export" / "s0").glob("*.arrow")) == [
         "0_0_0.arrow", "0_0_64.arrow", "128_0_0.arrow", "128_0_64.arrow"]
     expected = full[:150, :100, :70].copy()
@@ -761,12 +761,12 @@ def _both(data, **kw):
         except CorruptChunkError as e:
             return ("error", re.sub(r"sub-block \d+", "sub-block N", str(e)).split(" label count")[0])
     native = run()
-    saved = blockmod._native
-    blockmod._native = None
+    saved = blockmod._block
+    blockmod._block = None
     try:
         reference = run()
     finally:
-        blockmod._native = saved
+        blockmod._block = saved
     return native, reference
 
 
@@ -780,7 +780,7 @@ def _same(a, b):
 def test_c_subblocks_equal_numpy_on_real_and_varied_blocks(real_table):
     from xarray_precomputed.dvid import block as blockmod
 
-    assert blockmod._native is not None  # the built extension is what is tested
+    assert blockmod._block is not None  # the built extension is what is tested
     recs = [zstandard.ZstdDecompressor().decompress(b)
             for b in real_table.column("dvid_compressed_block").to_pylist()]
     blocks = recs + [_FIB19, encode_block(varied_volume(7), empty_zero=True),

@@ -23,7 +23,10 @@ import pytest
 
 import oracle
 import servers
-from xarray_precomputed import Volume, sharding, storage
+from xarray_precomputed import Volume, storage
+from xarray_precomputed.format import sharding
+from xarray_precomputed.reading import shard_reader
+from xarray_precomputed import util
 from xarray_precomputed.errors import (MissingChunkError, PrecomputedError, ShardFormatError,
                                        StorageError)
 
@@ -193,16 +196,16 @@ def proxy_server(nginx):
 def proxy(proxy_server, monkeypatch):
     """The proxy with no rules, caches empty (every read goes to the server), fast backoff."""
     monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.01)
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     proxy_server.set()
     yield proxy_server
     proxy_server.set()
 
 
 def _read(url, **kw):
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     return Volume.open(url, **kw).scale(0).read()
 
 

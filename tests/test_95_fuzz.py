@@ -26,7 +26,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xarray_precomputed import Volume, sharding
+from xarray_precomputed import Volume
+from xarray_precomputed.format import sharding
+from xarray_precomputed.reading import shard_reader
+from xarray_precomputed import util
 from xarray_precomputed.errors import (CorruptChunkError, InfoError, PrecomputedError,
                                        ShardFormatError)
 
@@ -224,7 +227,7 @@ def test_gzip_bomb_in_a_minishard_index_is_bounded(tmp_path):
     bomb = gzip.compress(b"\0" * (32 << 20), compresslevel=9)
     start = len(b) - 16
     shard.write_bytes(struct.pack("<QQ", start, start + len(bomb)) + b[16:] + bomb)
-    sharding.minishard_cache.clear()
+    shard_reader.minishard_cache.clear()
     # refused for its compressed size, or when decompression passes the bound
     with pytest.raises((CorruptChunkError, ShardFormatError), match="bound|past the end"):
         Volume.open(str(path)).scale(0).read()
@@ -236,7 +239,7 @@ def test_impossible_minishard_index_range_is_refused_before_reading(tmp_path, st
     path, shard, _ = _one_chunk_shard(tmp_path)
     b = shard.read_bytes()
     shard.write_bytes(struct.pack("<QQ", start, end) + b[16:])
-    sharding.minishard_cache.clear()
+    shard_reader.minishard_cache.clear()
     with pytest.raises(ShardFormatError):
         Volume.open(str(path)).scale(0).read()
 
@@ -250,7 +253,7 @@ def test_chunk_size_in_a_minishard_index_is_checked_against_the_file(tmp_path, s
     start, end = struct.unpack_from("<QQ", b, 0)
     struct.pack_into("<Q", b, 16 + end - 8, size)  # size column of the only entry
     shard.write_bytes(bytes(b))
-    sharding.minishard_cache.clear()
+    shard_reader.minishard_cache.clear()
     with pytest.raises(ShardFormatError, match="past the end"):
         Volume.open(str(path)).scale(0).read()
 
@@ -271,7 +274,7 @@ def test_duplicate_chunk_ids_in_a_minishard_index_are_refused(tmp_path):
     arr[0, 1] = 0  # id delta 0: the second entry repeats the first id
     b[16 + start:16 + end] = arr.tobytes()
     shard.write_bytes(bytes(b))
-    sharding.minishard_cache.clear()
+    shard_reader.minishard_cache.clear()
     with pytest.raises(ShardFormatError, match="increasing"):
         Volume.open(str(path)).scale(0).read()
 
@@ -387,8 +390,8 @@ def _settings(n: int):
 
 
 def _reset_caches() -> None:
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
 
 
 def _attempt(fn):
@@ -501,7 +504,7 @@ def _bounded_box(reader, at_end: bool):
 def _fuzz_info(work: Path, truths: dict, n: int, arg: str) -> None:
     from hypothesis import given, strategies as st
 
-    from xarray_precomputed.info import parse_info
+    from xarray_precomputed.format.info import parse_info
 
     originals = {name: json.loads((work / name / "info").read_text()) for name in BASES}
     parsed = {name: parse_info(doc) for name, doc in originals.items()}
@@ -543,8 +546,8 @@ def _fuzz_info(work: Path, truths: dict, n: int, arg: str) -> None:
 
 def _shard_cells(name: str, info, shard_file: str) -> np.ndarray:
     """A boolean mask over the grid: which cells live in `shard_file`."""
-    from xarray_precomputed.morton import compressed_morton
-    from xarray_precomputed.sharding import chunk_location, shard_filename
+    from xarray_precomputed.format.morton import compressed_morton
+    from xarray_precomputed.format.sharding import chunk_location, shard_filename
 
     s = info.scales[0]
     grid = s.grid_shape()

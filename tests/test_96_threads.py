@@ -13,7 +13,10 @@ import xarray as xr
 
 import oracle
 import servers
-from xarray_precomputed import Volume, sharding
+from xarray_precomputed import Volume
+from xarray_precomputed.format import sharding
+from xarray_precomputed.reading import shard_reader
+from xarray_precomputed import util
 from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 
 THREADS = 16
@@ -52,13 +55,13 @@ def volumes(tmp_path_factory):
 
 @pytest.fixture
 def small_caches(monkeypatch):
-    monkeypatch.setattr(sharding.minishard_cache, "max_bytes", CACHE_MAX)
-    monkeypatch.setattr(sharding._layout_cache, "max_bytes", LAYOUT_CACHE_MAX)
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    monkeypatch.setattr(shard_reader.minishard_cache, "max_bytes", CACHE_MAX)
+    monkeypatch.setattr(shard_reader.shard_form_cache, "max_bytes", LAYOUT_CACHE_MAX)
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     yield
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
 
 
 def _selections(shape, seed):
@@ -115,13 +118,13 @@ def _hammer(vol: Volume, shared_reader, truth, seed0: int):
 def test_many_threads_read_what_one_thread_reads(volumes, small_caches, name):
     root, truth = volumes
     vol = Volume.open(str(root / name))
-    before = dict(sharding.index_fetches)
+    before = dict(shard_reader.index_fetches)
     bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=17)
     assert not bad, f"{len(bad)} concurrent reads differ from the single-threaded read: {bad[:3]}"
-    assert sharding.minishard_cache.nbytes <= sharding.minishard_cache.max_bytes == CACHE_MAX
-    assert sharding._layout_cache.nbytes <= sharding._layout_cache.max_bytes == LAYOUT_CACHE_MAX
+    assert shard_reader.minishard_cache.nbytes <= shard_reader.minishard_cache.max_bytes == CACHE_MAX
+    assert shard_reader.shard_form_cache.nbytes <= shard_reader.shard_form_cache.max_bytes == LAYOUT_CACHE_MAX
     if "sharding" in VOLUMES[name]:
-        fetched = sum(sharding.index_fetches.values()) - sum(before.values())
+        fetched = sum(shard_reader.index_fetches.values()) - sum(before.values())
         distinct = len(list((root / name).rglob("*.shard"))) * (1 + 4)  # shard + 4 minishards
         assert fetched > distinct, "the small cache should have evicted and re-fetched indices"
 
@@ -134,13 +137,13 @@ def test_many_threads_over_http(volumes, small_caches):
         bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=99)
         assert not bad, bad[:3]
         assert all(r["status"] in (200, 206) for r in srv.requests())
-    assert sharding.minishard_cache.nbytes <= CACHE_MAX
+    assert shard_reader.minishard_cache.nbytes <= CACHE_MAX
 
 
 def test_cache_bound_holds_while_threads_insert(small_caches):
     """The LRU itself: concurrent puts and gets never leave it above its bound (entries no larger
     than the bound), and every value read back is the one stored under its key."""
-    cache = sharding.LRUCache(4096)
+    cache = util.LRUCache(4096)
     errors = []
 
     def work(t):
@@ -166,7 +169,7 @@ def test_dask_threads_through_xarray(volumes, small_caches):
     ds = xr.open_dataset(str(root / name), engine="precomputed", chunks={"x": 16, "y": 8, "z": 8})
     got = ds["image"].compute(scheduler="threads", num_workers=8).values
     assert np.array_equal(got, truth[name])
-    assert sharding.minishard_cache.nbytes <= CACHE_MAX
+    assert shard_reader.minishard_cache.nbytes <= CACHE_MAX
 
 
 def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
@@ -177,8 +180,8 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
     from xarray_precomputed import storage
 
     root, truth = volumes
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     slow = storage.LocalStore.read_ranges
 
     def read_ranges(self, key, ranges):
@@ -186,7 +189,7 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
         return slow(self, key, ranges)
 
     monkeypatch.setattr(storage.LocalStore, "read_ranges", read_ranges)
-    before = dict(sharding.index_fetches)
+    before = dict(shard_reader.index_fetches)
     r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
     box = (slice(0, 8), slice(0, 8), slice(0, 4))  # one chunk: one shard, one minishard
     barrier = threading.Barrier(THREADS)
@@ -199,7 +202,7 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
         results = list(pool.map(read, range(THREADS)))
     for got in results:
         np.testing.assert_array_equal(got, truth["raw_u16_c2_id"][box])
-    fetched = {k: sharding.index_fetches[k] - before.get(k, 0) for k in ("shard_index", "minishard_index")}
+    fetched = {k: shard_reader.index_fetches[k] - before.get(k, 0) for k in ("shard_index", "minishard_index")}
     assert fetched == {"shard_index": 1, "minishard_index": 1}
 
 
@@ -227,22 +230,22 @@ def test_minishard_indices_of_a_shard_are_fetched_in_one_round(volumes, monkeypa
     request round (shard index, minishard indices, chunk data), not one per minishard, which
     over a network is one round trip each."""
     root, truth = volumes
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
     # identity hash, preshift 1, 2 minishard bits: ids 0-7 are shard 0, two per minishard
     ids = np.arange(8, dtype=np.uint64)
     shards, minis = sharding.chunk_location(ids, r.scale_info.sharding)
     assert len(np.unique(shards)) == 1 and len(np.unique(minis)) == 4
     calls = _recording_ranges(monkeypatch)
-    before = dict(sharding.index_fetches)
+    before = dict(shard_reader.index_fetches)
     got = r._shards.read_chunks(int(shards[0]), ids, minis, str)
     assert sum(b is not None for b in got) > 0
     assert len(calls) == 3, calls  # shard index; the 4 minishard indices; the chunks
     assert calls[1][1] == 4
-    assert sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0) == 4
+    assert shard_reader.index_fetches["minishard_index"] - before.get("minishard_index", 0) == 4
     # the whole volume still reads the same with the indices fetched this way
-    sharding.minishard_cache.clear()
+    shard_reader.minishard_cache.clear()
     np.testing.assert_array_equal(r.read(), truth["raw_u16_c2_id"])
 
 
@@ -250,14 +253,14 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     """Threads asking at once for overlapping sets of minishard indices of one shard (in every
     order) fetch each index once between them, and none waits forever on another."""
     root, truth = volumes
-    sharding.minishard_cache.clear()
-    sharding._layout_cache.clear()
+    shard_reader.minishard_cache.clear()
+    shard_reader.shard_form_cache.clear()
     _recording_ranges(monkeypatch, delay=0.02)
     r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
     shards, _ = sharding.chunk_location(np.arange(8, dtype=np.uint64), r.scale_info.sharding)
     reader = r._shards
     sets = [[0, 1], [1, 2], [2, 3], [3, 0], [3, 2, 1, 0], [0], [2]]
-    before = dict(sharding.index_fetches)
+    before = dict(shard_reader.index_fetches)
     barrier = threading.Barrier(THREADS, timeout=30)
     results: dict = {}
 
@@ -276,7 +279,7 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     assert sorted(results) == list(range(THREADS))
     for k, got in results.items():
         assert sorted(got) == sorted(sets[k % len(sets)])
-    fetched = sharding.index_fetches["minishard_index"] - before.get("minishard_index", 0)
+    fetched = shard_reader.index_fetches["minishard_index"] - before.get("minishard_index", 0)
     assert fetched == 4
 
 
@@ -296,7 +299,7 @@ def test_single_flight_shares_storage_failures_only(error, shared):
 
     def leader():
         with pytest.raises(Exception):
-            with sharding._one_fetch(key):
+            with util.single_flight(key):
                 entered.set()
                 time.sleep(0.2)  # the waiter queues up meanwhile
                 raise error()
@@ -304,7 +307,7 @@ def test_single_flight_shares_storage_failures_only(error, shared):
     def waiter():
         entered.wait(10)
         try:
-            with sharding._one_fetch(key):
+            with util.single_flight(key):
                 ran.append("waiter")
         except Exception as e:
             ran.append(type(e).__name__)
@@ -315,6 +318,6 @@ def test_single_flight_shares_storage_failures_only(error, shared):
     for t in threads:
         t.join(30)
     assert ran == (["PermissionDeniedError"] if shared else ["waiter"])
-    with sharding._one_fetch(key):  # later arrivals try again
+    with util.single_flight(key):  # later arrivals try again
         ran.append("later")
-    assert ran[-1] == "later" and key not in sharding._inflight
+    assert ran[-1] == "later" and util.inflight_keys() == 0

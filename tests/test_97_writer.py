@@ -22,11 +22,13 @@ from cloudvolume import CloudVolume
 import oracle
 import xarray_precomputed as xp
 from xarray_precomputed import ShardingSpec, storage
+from xarray_precomputed.format import sharding as sharding_fmt
+from xarray_precomputed.writing import precomputed as writer
 from xarray_precomputed.codecs.compressed_segmentation import decode as our_cseg_decode
-from xarray_precomputed.downsampling import downsample_array
-from xarray_precomputed.encode_cseg import encode as cseg_encode
-from xarray_precomputed.morton import compressed_morton
-from xarray_precomputed.writer import WriterError, build_shard, choose_sharding
+from xarray_precomputed.writing.downsample import downsample_array
+from xarray_precomputed.codecs.compressed_segmentation import encode as cseg_encode
+from xarray_precomputed.format.morton import compressed_morton
+from xarray_precomputed.writing.precomputed import WriterError, build_shard, choose_sharding
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIB25 = SHARED / "data" / "neuroglancer" / "fib25-64x64x64-raw-uint64-segmentation.dat"
@@ -201,8 +203,8 @@ def test_round_trip(tmp_path, case, backing):
             n = 0
             for fname, blob in shard_files(p).items():
                 for cid, (m, _, _) in parse_shard(blob, spec).items():
-                    sh, mi = xp.sharding.chunk_location([cid], ShardingSpec.from_json(spec))
-                    assert xp.sharding.shard_filename(int(sh[0]), ShardingSpec.from_json(spec)) == fname
+                    sh, mi = sharding_fmt.chunk_location([cid], ShardingSpec.from_json(spec))
+                    assert sharding_fmt.shard_filename(int(sh[0]), ShardingSpec.from_json(spec)) == fname
                     assert int(mi[0]) == m
                     n += 1
             assert n == int(np.prod(grid))
@@ -228,7 +230,7 @@ def test_dask_and_numpy_write_identical_bytes(tmp_path):
 def test_raw_chunk_bytes_are_fortran_order(dtype):
     data = oracle.make_data((13, 9, 7, 3), dtype, 1)
     for arr in (data, data[..., :1], data[2:11, ::2, 1:], np.asfortranarray(data)):
-        assert xp.writer.encode_chunk(arr, "raw") == arr.astype(arr.dtype.newbyteorder("<")).tobytes(order="F")
+        assert writer.encode_chunk(arr, "raw") == arr.astype(arr.dtype.newbyteorder("<")).tobytes(order="F")
 
 
 def test_jpeg_round_trip(tmp_path):
@@ -299,7 +301,7 @@ def test_convert_from_lazy_precomputed_keeps_layout(tmp_path):
         ds = xr.open_dataset(str(src), engine="precomputed", chunks=chunks)
         dst = tmp_path / f"dst{chunks is None}"
         # the CLI's call: every option left to the source
-        xp.writer.to_precomputed(ds, str(dst), encoding=None, chunk_size=None, sharding=None,
+        writer.to_precomputed(ds, str(dst), encoding=None, chunk_size=None, sharding=None,
                                  compressed_segmentation_block_size=None, storage_options=None)
         a, b = json.loads((src / "info").read_text()), json.loads((dst / "info").read_text())
         for f in ("size", "voxel_offset", "chunk_sizes", "encoding", "sharding", "key",
@@ -381,9 +383,9 @@ def test_byte_trace_vector():
     is 24 bytes, ending at 29 relative to the shard index, as TensorStore writes it.)"""
     spec = ShardingSpec.from_json({"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0,
                                    "hash": "identity", "minishard_bits": 1, "shard_bits": 1})
-    shard, mini = xp.sharding.chunk_location([0x50], spec)
+    shard, mini = sharding_fmt.chunk_location([0x50], spec)
     assert (int(shard[0]), int(mini[0])) == (0, 0)
-    assert xp.sharding.shard_filename(0, spec) == "0.shard"
+    assert sharding_fmt.shard_filename(0, spec) == "0.shard"
     blob = build_shard([0x50], [b"hello"], spec)
     assert struct.unpack("<QQ", blob[0:16]) == (5, 29)
     assert struct.unpack("<QQ", blob[16:32]) == (0, 0)

@@ -19,10 +19,11 @@ import zarr
 
 from oracle import add_scale, make_data, ts_read, write_volume
 from xarray_precomputed import to_ome_zarr
-from xarray_precomputed.morton import compressed_morton, morton_bits
-from xarray_precomputed.ome_zarr import ExportError, shard_box_chunks
-from xarray_precomputed.sharding import chunk_location
-from xarray_precomputed.info import ShardingSpec
+from xarray_precomputed.format.morton import compressed_morton, morton_bits
+from xarray_precomputed.export.ome_zarr import ExportError
+from xarray_precomputed.format.sharding import shard_box
+from xarray_precomputed.format.sharding import chunk_location
+from xarray_precomputed.format.info import ShardingSpec
 
 DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
 
@@ -34,7 +35,7 @@ VOLUMES = {
         (((37, 20, 9, 3), "uint16", 1), dict(chunk_size=(8, 8, 4), voxel_offset=(3, -2, 5),
                                               resolution=(4, 4, 40),
                                               sharding=dict(preshift_bits=1, minishard_bits=1,
-                                                            shard_bits=3))),
+                                                            shard_bits=5))),
         (((19, 10, 5, 3), "uint16", 2), dict(chunk_size=(8, 8, 4), voxel_offset=(1, -1, 2),
                                               resolution=(8, 8, 80))),
     ],
@@ -177,7 +178,8 @@ def test_shard_is_the_precomputed_shard_box(volumes, tmp_path):
     path, _ = volumes["multi"]
     to_ome_zarr(str(path), tmp_path / "o.zarr", progress=False)
     arr = zarr.open_array(tmp_path / "o.zarr" / "s0", mode="r")
-    # identity hash, preshift 1 + minishard 1 bits over grid (5, 3, 3): box 2 x 2 x 1 chunks
+    # identity hash, preshift 1 + minishard 1 bits over grid (5, 3, 3), shard bits covering the
+    # other 5 Morton bits: box 2 x 2 x 1 chunks
     assert arr.shards == (3, 4, 16, 16)
     assert arr.chunks == (1, 4, 8, 8)
     # the unsharded scale: up to 8 chunks per axis, clipped to the array
@@ -185,23 +187,33 @@ def test_shard_is_the_precomputed_shard_box(volumes, tmp_path):
 
 
 def test_shard_box_agrees_with_shard_numbers():
-    """Every chunk of a box lands in one shard file, and each box is a distinct shard."""
+    """Every chunk of a box lands in one shard file, and each box is a distinct shard file; where
+    the shard bits leave Morton bits uncovered, several boxes share a file and there is no box."""
     for grid, spec in [((13, 7, 5), dict(preshift_bits=2, minishard_bits=2, shard_bits=4)),
+                       ((13, 7, 5), dict(preshift_bits=2, minishard_bits=2, shard_bits=6)),
                        ((32, 32, 32), dict(preshift_bits=9, minishard_bits=6, shard_bits=0)),
                        ((9, 40, 3), dict(preshift_bits=1, minishard_bits=3, shard_bits=6))]:
-        full = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "identity", **spec}
-        box = shard_box_chunks(full, [g * 4 for g in grid], (4, 4, 4))
+        full = ShardingSpec.from_json({"@type": "neuroglancer_uint64_sharded_v1",
+                                       "hash": "identity", "minishard_index_encoding": "raw",
+                                       "data_encoding": "raw", **spec})
+        box = shard_box(full, grid)
+        covered = sum(spec.values()) >= sum(morton_bits(grid))
+        assert (box is not None) == covered
+        if box is None:
+            continue
         cells = np.stack(np.meshgrid(*(np.arange(g) for g in grid), indexing="ij"), -1).reshape(-1, 3)
-        shards, _ = chunk_location(compressed_morton(cells, grid), ShardingSpec.from_json(full))
+        shards, _ = chunk_location(compressed_morton(cells, grid), full)
         boxes = [tuple(c // b for c, b in zip(cell, box)) for cell in cells]
         by_box: dict = {}
         for b, s in zip(boxes, shards.tolist()):
             by_box.setdefault(b, set()).add(s)
         assert all(len(v) == 1 for v in by_box.values())
-        if sum(spec.values()) >= sum(morton_bits(grid)):   # no two boxes share a shard number
-            assert len({next(iter(v)) for v in by_box.values()}) == len(by_box)
-    assert shard_box_chunks({"hash": "murmurhash3_x86_128", "preshift_bits": 3,
-                             "minishard_bits": 3}, (64, 64, 64), (8, 8, 8)) is None
+        assert len({next(iter(v)) for v in by_box.values()}) == len(by_box)
+    murmur = ShardingSpec.from_json({"@type": "neuroglancer_uint64_sharded_v1",
+                                     "hash": "murmurhash3_x86_128", "preshift_bits": 3,
+                                     "minishard_bits": 3, "shard_bits": 20,
+                                     "minishard_index_encoding": "raw", "data_encoding": "raw"})
+    assert shard_box(murmur, (8, 8, 8)) is None
 
 
 def test_large_shard_box_is_capped_to_an_aligned_sub_box(tmp_path):
@@ -312,7 +324,7 @@ def test_progress_bar_when_asked(volumes, tmp_path, capsys):
 
 KILL_SCRIPT = """
 import os, signal, sys, threading
-from xarray_precomputed import ome_zarr
+from xarray_precomputed.export import ome_zarr
 orig, lock, done = ome_zarr._write_shard, threading.Lock(), [0]
 def hooked(*args):
     result = orig(*args)

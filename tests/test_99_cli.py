@@ -35,7 +35,7 @@ def volume(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cli") / "vol"
     write_volume(path, make_data((37, 20, 9, 3), "uint16", 11), chunk_size=(8, 8, 4),
                  voxel_offset=(3, -2, 5), resolution=(4, 4, 40),
-                 sharding=dict(preshift_bits=1, minishard_bits=1, shard_bits=3))
+                 sharding=dict(preshift_bits=1, minishard_bits=1, shard_bits=5))
     add_scale(path, make_data((19, 10, 5, 3), "uint16", 12), resolution=(8, 8, 80),
               chunk_size=(8, 8, 4))
     return path
@@ -46,7 +46,7 @@ def segmentation(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cli") / "seg"
     write_volume(path, make_data((40, 33, 18, 1), "uint64", 13, labels=True), chunk_size=(8, 8, 8),
                  voxel_offset=(-4, 0, 7), encoding="compressed_segmentation",
-                 sharding=dict(preshift_bits=3, minishard_bits=0, shard_bits=4))
+                 sharding=dict(preshift_bits=3, minishard_bits=0, shard_bits=5))
     return path
 
 
@@ -90,7 +90,7 @@ def test_info_matches_the_info_file(volume, script):
         assert f"encoding      {s['encoding']}" in text
         nbytes = math.prod(s["size"]) * 3 * 2
         assert f"({nbytes:,} bytes)" in text
-    assert "identity hash, preshift_bits 1, minishard_bits 1, shard_bits 3" in blocks[0]
+    assert "identity hash, preshift_bits 1, minishard_bits 1, shard_bits 5" in blocks[0]
     # grid (5, 3, 3): 2 low Morton bits -> one x and one y bit: 2 x 2 x 1 chunks = 16 x 16 x 4
     assert "shard box     16 x 16 x 4 voxels (2 x 2 x 1 chunks" in blocks[0]
     assert "sharding      none" in blocks[1] and "shard box" not in blocks[1]
@@ -109,6 +109,17 @@ def test_info_json(volume, segmentation, capsys):
     assert seg["compressed_segmentation_block_size"] == [8, 8, 8]
     # grid (5, 5, 3), 3 low bits x, y, z: 2 x 2 x 2 chunks
     assert seg["shard_box_chunks"] == [2, 2, 2] and seg["n_shard_boxes"] == 18
+
+
+def test_info_reports_no_shard_box_where_shard_bits_leave_bits_uncovered(tmp_path, capsys):
+    """grid (5, 3, 3) has 7 Morton bits; 1 + 1 within and 3 shard bits leave 2 uncovered, so
+    four boxes share each shard file: no shard box is reported (it was, as 16 x 16 x 4)."""
+    path = tmp_path / "vol"
+    write_volume(path, make_data((37, 20, 9, 1), "uint16", 11), chunk_size=(8, 8, 4),
+                 sharding=dict(preshift_bits=1, minishard_bits=1, shard_bits=3))
+    d = json.loads(cli(capsys, "info", "--json", path)[0])["scales"][0]
+    assert "shard_box_chunks" not in d and d["max_shard_files"] == 8
+    assert "shard box     none (shard_bits leave Morton bits uncovered" in cli(capsys, "info", path)[0]
 
 
 def test_info_dvid_export(capsys):

@@ -1,7 +1,7 @@
 """Neuroglancer precomputed volumes in numpy, xarray and dask.
 
 `Volume.open(url).scale(k).read(box)` is the plain numpy reader; `xr.open_dataset(url,
-engine="precomputed")` the xarray front door (see backend.py).
+engine="precomputed")` the xarray front door (see backends/).
 """
 
 from .errors import (
@@ -9,20 +9,25 @@ from .errors import (
     ChunkError,
     CodecUnavailableError,
     CorruptChunkError,
+    DependencyError,
+    ExportError,
     InfoError,
     MissingChunkError,
     PermissionDeniedError,
     PrecomputedError,
+    ScaleNotFoundError,
     ShardFormatError,
     StorageError,
+    WriterError,
 )
-from .info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
-from .volume import ScaleReader, Volume, open_volume
+from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
+from .reading.volume import ScaleReader, Volume, open_volume
 
 __version__ = "0.1.0"
 
 # Writers load on first use: reading needs neither them nor zarr.
-_LAZY = {"to_ome_zarr": ".ome_zarr", "to_precomputed": ".writer", "downsample": ".downsampling"}
+_LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
+         "downsample": ".writing.downsample"}
 
 
 def __getattr__(name: str):
@@ -33,8 +38,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError", "InfoError",
-    "MissingChunkError", "PermissionDeniedError", "PrecomputedError", "ShardFormatError",
-    "StorageError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
+    "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError", "DependencyError",
+    "ExportError", "InfoError", "MissingChunkError", "PermissionDeniedError", "PrecomputedError",
+    "ScaleNotFoundError", "ShardFormatError", "StorageError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
     "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
 ]

@@ -72,7 +72,7 @@ def _x(t: Sequence, sep: str = " x ") -> str:
 
 
 def _guess_engine(src: str) -> str:
-    from .dvid_backend import DvidArrowBackendEntrypoint
+    from .backends.dvid_arrow import DvidArrowBackendEntrypoint
 
     return "dvid_arrow" if DvidArrowBackendEntrypoint().guess_can_open(src) else "precomputed"
 
@@ -83,12 +83,12 @@ def _load(src: str, engine: str, info: str | None, storage_options: dict | None)
 
     if engine == "dvid_arrow":
         from .dvid.reader import load_info
-        from .dvid_backend import present_scales
+        from .backends.dvid_arrow import present_scales
 
         vi = load_info(info, storage_options=storage_options)
         url = strip_scheme_prefix(src)
         return vi, present_scales(url, len(vi.scales), storage_options), url
-    from .volume import Volume
+    from .reading.volume import Volume
 
     vol = Volume.open(src, storage_options=storage_options, info=_read_info_arg(info))
     return vol.info, list(range(len(vol.info.scales))), vol.url
@@ -107,7 +107,8 @@ def _read_info_arg(info: str | None):
 
 def summarize(vi, present: list[int], url: str, engine: str) -> dict:
     """A JSON-able description of a volume: per scale sizes, chunking, encoding, sharding."""
-    from .ome_zarr import DEFAULT_MAX_SHARD_BYTES, _plan_shard, shard_box_chunks
+    from .export.ome_zarr import DEFAULT_MAX_SHARD_BYTES, plan_shard
+    from .format.sharding import shard_box
 
     itemsize = vi.dtype.itemsize
     scales = []
@@ -128,7 +129,7 @@ def summarize(vi, present: list[int], url: str, engine: str) -> dict:
         if s.compressed_segmentation_block_size is not None:
             d["compressed_segmentation_block_size"] = list(s.compressed_segmentation_block_size)
         if s.sharding is not None:
-            box = shard_box_chunks(s.sharding.to_json(), s.size, chunk)
+            box = shard_box(s.sharding, grid)
             if box is not None:
                 d["shard_box_chunks"] = list(box)
                 d["shard_box_voxels"] = [b * c for b, c in zip(box, chunk)]
@@ -138,14 +139,14 @@ def summarize(vi, present: list[int], url: str, engine: str) -> dict:
         else:
             box = None
         voxel_bytes = vi.num_channels * itemsize
-        d["ome_zarr_shard"] = list(_plan_shard(chunk, grid, box, voxel_bytes, DEFAULT_MAX_SHARD_BYTES))
+        d["ome_zarr_shard"] = list(plan_shard(chunk, grid, box, voxel_bytes, DEFAULT_MAX_SHARD_BYTES))
         scales.append(d)
     return {"url": url, "engine": engine, "type": vi.type, "data_type": vi.data_type,
             "num_channels": vi.num_channels, "scales": scales}
 
 
 def format_summary(summary: dict) -> str:
-    from .ome_zarr import DEFAULT_MAX_SHARD_BYTES
+    from .export.ome_zarr import DEFAULT_MAX_SHARD_BYTES
 
     nc = summary["num_channels"]
     lines = [f"{summary['url']}  (engine {summary['engine']})",
@@ -180,7 +181,9 @@ def format_summary(summary: dict) -> str:
                              f"{d['n_shard_boxes']:,} boxes, at most {d['max_shard_files']:,} "
                              "shard files")
             else:
-                lines.append(f"  shard box     none (the hash scatters chunks); at most "
+                why = ("the hash scatters chunks" if d["sharding"]["hash"] != "identity" else
+                       "shard_bits leave Morton bits uncovered: boxes share shard files")
+                lines.append(f"  shard box     none ({why}); at most "
                              f"{d['max_shard_files']:,} shard files")
         lines.append(f"  OME-Zarr      shard {_x(d['ome_zarr_shard'])} voxels by default "
                      f"(convert --max-shard-bytes {_human(DEFAULT_MAX_SHARD_BYTES).replace(' ', '')})")
@@ -216,7 +219,7 @@ def cmd_convert(args) -> int:
     engine = args.engine or _guess_engine(args.src)
     tree = _open_source(args, engine)
     if args.to == "zarr":
-        from .ome_zarr import to_ome_zarr
+        from .export.ome_zarr import to_ome_zarr
 
         report = to_ome_zarr(
             tree, args.dst, scales=args.scale, shard_shape=args.shard_shape,
@@ -226,8 +229,8 @@ def cmd_convert(args) -> int:
             storage_options=args.dst_storage_options)
         print(report)
         return 0
-    from .ome_zarr import _matches
-    from .writer import to_precomputed
+    from .export.ome_zarr import scale_matches
+    from .writing.precomputed import to_precomputed
 
     obj = tree
     if args.scale is not None:
@@ -235,7 +238,7 @@ def cmd_convert(args) -> int:
         names = []
         for w in args.scale:
             hits = [n.name for n in tree.children.values()
-                    if _matches(w, n.name, n.to_dataset(inherit=False), None)]
+                    if scale_matches(w, n.name, n.to_dataset(inherit=False), None)]
             if not hits:
                 print(f"error: no scale {w!r} in {args.src}", file=sys.stderr)
                 return 1

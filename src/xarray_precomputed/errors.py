@@ -24,6 +24,13 @@ class InfoError(PrecomputedError, ValueError):
         self.scale = scale
 
 
+class ScaleNotFoundError(InfoError, KeyError):
+    """No scale matches the index, key or resolution asked for; names the ones there are."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return Exception.__str__(self)
+
+
 class StorageError(PrecomputedError, OSError):
     """Reading from storage failed for a reason other than the key being absent."""
 
@@ -64,5 +71,17 @@ class BoundsError(PrecomputedError, IndexError):
     """A requested box or index lies outside the scale's voxel bounds."""
 
 
-class CodecUnavailableError(PrecomputedError, ImportError):
+class DependencyError(PrecomputedError, ImportError):
+    """A feature needs an optional package that is not installed; says how to install it."""
+
+
+class CodecUnavailableError(DependencyError):
     """An encoding needs an optional dependency that is not installed; says how to install it."""
+
+
+class WriterError(PrecomputedError, ValueError):
+    """The data or the options cannot be written as a precomputed volume (names what and why)."""
+
+
+class ExportError(PrecomputedError, ValueError):
+    """An export cannot proceed: bad arguments, an incompatible existing destination."""

@@ -24,7 +24,7 @@ from ..errors import CodecUnavailableError, PrecomputedError
 # encoding name -> (module in this package, extra that installs its dependency or None)
 _CODECS: dict[str, tuple[str, str | None]] = {
     "raw": ("raw", None),
-    "compressed_segmentation": ("cseg", None),
+    "compressed_segmentation": ("compressed_segmentation", None),
     "jpeg": ("jpeg", "jpeg"),
     "png": ("png", "png"),
     "jxl": ("jxl", "jxl"),
@@ -54,8 +54,9 @@ def get_decoder(encoding: str) -> Callable:
         raise CodecUnavailableError(
             f"encoding {encoding!r} needs a package that is not installed ({e}); "
             f"install it with: {hint}") from None
-    _loaded[encoding] = mod.decode_into
-    return mod.decode_into
+    fn = getattr(mod, "decode_chunk_into", None) or mod.decode_into
+    _loaded[encoding] = fn
+    return fn
 
 
 def supported_encodings() -> list[str]:

@@ -1,11 +1,11 @@
 """`jxl`: one JPEG XL image per chunk (uint8; 1, 3 or 4 channels), decoded with imagecodecs (libjxl).
 
-Two layouts are read:
+Two arrangements of frames are read:
 
 - the format's own: one frame whose colour components (grey, RGB, RGBA) are the channels,
   interleaved in the image like jpeg and png chunks;
 - CloudVolume's (12.x) for several channels: one grey frame per channel, channel after channel.
-  Neuroglancer reads these frames in order as the channels (its chunk layout is channel-major);
+  Neuroglancer reads these frames in order as the channels (its chunks are channel-major);
   CloudVolume's own reader scrambles them, so Neuroglancer is the reference here.
 
 The image size is read from the codestream's SizeHeader (bare codestream or ISO BMFF container)
@@ -104,7 +104,7 @@ def _shape_of(mismatch: str):
 
 
 def _refusal(mismatch: str, frame, num_channels: int, chunk) -> CorruptChunkError:
-    """Why an image that matched none of the expected layouts is refused, as precisely as the
+    """Why an image that matched none of the expected arrangements is refused, as precisely as the
     decoder's message allows."""
     dtype = re.search(r"(?<![.\w])dtype=(?:<class 'numpy\.|dtype\(')(\w+)", mismatch)
     if "out.dtype" in mismatch:
@@ -143,7 +143,7 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     for shape in (interleaved, planar) if num_channels > 1 else (interleaved,):
         try:
             # imagecodecs returns a view of `out` in the image's own shape; it accepts an `out`
-            # that differs only by axes of length 1, so that shape, not ours, says the layout.
+            # that differs only by axes of length 1, so that shape, not ours, says the arrangement.
             pixels = _decode(data, chunk, out=np.empty(shape, np.uint8))
         except _Mismatch as e:
             mismatch = str(e)
@@ -152,7 +152,7 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     else:
         raise _refusal(mismatch, frame, num_channels, chunk)
     if pixels.shape == interleaved == planar:
-        # (n, n, n) fits both layouts: one frame of the image says which it is.
+        # (n, n, n) fits both arrangements: one frame of the image says which it is.
         if _decode(data, chunk, index=0).ndim == 3:
             place_interleaved(pixels, out, chunk_shape, origin)
         else:

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .._layout import copy_fortran_chunk
+from ._fortran import copy_fortran_chunk
 from ..errors import CorruptChunkError
 
 # The C copy moves bytes as they are stored (little-endian); elsewhere numpy converts.

@@ -3,6 +3,6 @@ volumes with the neuroglancer `info` the export was made from (engine "dvid_arro
 
 from .block import decode_block
 from .reader import DvidScaleReader, load_info
-from .shards import ShardLayout
+from .shards import ShardBoxes
 
-__all__ = ["DvidScaleReader", "ShardLayout", "decode_block", "load_info"]
+__all__ = ["DvidScaleReader", "ShardBoxes", "decode_block", "load_info"]

@@ -1,7 +1,7 @@
 """DVID's compressed label block: header, counts and indices checked with numpy, sub-blocks
-decoded in C (`_native.dvid_subblocks`, GIL released), with a numpy path kept as its reference.
+decoded in C (`_block.dvid_subblocks`, GIL released), with a numpy path kept as its reference.
 
-Layout (little-endian; see ../shared/specs/dvid-notes.md):
+Format (little-endian; see ../shared/specs/dvid-notes.md):
 
     u32 gx, gy, gz          sub-block grid; the block is 8*g voxels per axis
     u32 N                   number of labels (0 is invalid)
@@ -34,9 +34,9 @@ import numpy as np
 from ..errors import CorruptChunkError
 
 try:
-    from .. import _native  # the sub-block phase in C: ~5x faster, GIL released
+    from . import _block  # the sub-block phase in C: ~5x faster, GIL released
 except ImportError:  # pragma: no cover - a source tree without the built extension
-    _native = None
+    _block = None
 
 SUB = 8                      # sub-block edge
 SUB_VOXELS = SUB ** 3        # 512
@@ -208,8 +208,8 @@ def decode_block(data: bytes | bytearray | memoryview, *,
 
     if out is None:
         out = np.empty(shape, dtype=np.uint64)
-    if _native is not None:
-        bad = _native.dvid_subblocks(data, pos, bits.astype(np.uint8), ns.astype(np.uint16),
+    if _block is not None:
+        bad = _block.dvid_subblocks(data, pos, bits.astype(np.uint8), ns.astype(np.uint16),
                                      first, table, out)
         if bad >= 0:
             raise _fail(f"sub-block {bad} holds a value >= its label count {int(ns[bad])}", chunk)

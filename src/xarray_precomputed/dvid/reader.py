@@ -12,12 +12,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import BoundsError, InfoError, MissingChunkError, PrecomputedError
-from ..info import ScaleInfo, VolumeInfo, parse_info
-from ..selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
-from ..volume import _settle, executor
+from ..format.info import ScaleInfo, VolumeInfo, parse_info
+from ..reading.selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
+from ..util import cpu_pool, settle
 from ..storage import is_local, open_store, store_options_key, strip_scheme_prefix
 from .block import decode_block, scratch_block
-from .shards import ShardFiles, ShardLayout, block_bytes, max_block_bytes
+from .shards import ShardFiles, ShardBoxes, block_bytes, max_block_bytes
 
 LABEL_MODES = ("agglomerated", "supervoxels")
 
@@ -93,7 +93,7 @@ class DvidScaleReader:
         self.grid_shape = scale.grid_shape(0)
         self.dtype = np.dtype(np.uint64)
         self.shape = (*scale.size, 1)
-        self.layout = ShardLayout.for_scale(scale)
+        self.boxes = ShardBoxes.for_scale(scale)
         self._limit = max_block_bytes(self.chunk_size)
 
     @classmethod
@@ -112,7 +112,7 @@ class DvidScaleReader:
 
     @property
     def files(self) -> ShardFiles:
-        return ShardFiles(open_store(self.url, self.storage_options), self.layout)
+        return ShardFiles(open_store(self.url, self.storage_options), self.boxes)
 
     # -- public reads
     def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
@@ -131,7 +131,7 @@ class DvidScaleReader:
         if not all(0 <= c < g for c, g in zip(cell, self.grid_shape)):
             raise BoundsError(f"grid cell {cell} is outside the grid {self.grid_shape}")
         files = self.files
-        shard = self.layout.shard_of(cell)
+        shard = self.boxes.shard_of(cell)
         rec = files.records(shard, [cell], lambda i: self._describe(files, cell))[0]
         if rec is None:
             return None
@@ -139,7 +139,7 @@ class DvidScaleReader:
 
     # -- machinery
     def _describe(self, files: ShardFiles, cell) -> str:
-        return f"grid cell {tuple(int(c) for c in cell)} in {files.describe(self.layout.shard_of(cell))}"
+        return f"grid cell {tuple(int(c) for c in cell)} in {files.describe(self.boxes.shard_of(cell))}"
 
     def _decode(self, rec, where: str, out: np.ndarray | None = None) -> np.ndarray:
         raw = block_bytes(rec, limit=self._limit, chunk=where)
@@ -156,7 +156,7 @@ class DvidScaleReader:
         by_shard: dict[tuple, list[int]] = {}
         for j, job in enumerate(jobs):
             cell = tuple(p.cell for p in job)
-            by_shard.setdefault(self.layout.shard_of(cell), []).append(j)
+            by_shard.setdefault(self.boxes.shard_of(cell), []).append(j)
         files = self.files
 
         def fetch(shard, members):
@@ -184,7 +184,7 @@ class DvidScaleReader:
             for j, c, r in fetch(*groups[0]):
                 place(j, c, r)
             return out
-        pool = executor()
+        pool = cpu_pool()
         fetched = [pool.submit(fetch, s, m) for s, m in groups]
         decodes = []
         try:
@@ -193,5 +193,5 @@ class DvidScaleReader:
             for f in decodes:
                 f.result()
         finally:
-            _settle(fetched + decodes)
+            settle(fetched + decodes)
         return out

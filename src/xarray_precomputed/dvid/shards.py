@@ -22,9 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CodecUnavailableError, CorruptChunkError, InfoError, ShardFormatError
-from ..info import ScaleInfo
-from ..morton import morton_bits
-from ..sharding import LRUCache
+from ..format.info import ScaleInfo
+from ..format.sharding import shard_box
+from ..util import LRUCache
 from ..storage import Store
 
 INSTALL_HINT = "pip install 'xarray-precomputed[dvid]'"
@@ -67,7 +67,7 @@ def _zstd():
 # --------------------------------------------------------------------------- shard geometry
 
 @dataclass(frozen=True)
-class ShardLayout:
+class ShardBoxes:
     """Which `s<k>/<ox>_<oy>_<oz>` file holds each grid cell of one scale.
 
     With the identity hash, a shard is the set of chunks whose compressed Morton codes agree
@@ -80,7 +80,7 @@ class ShardLayout:
     box: tuple[int, int, int]   # chunks per axis in one shard
 
     @classmethod
-    def for_scale(cls, scale: ScaleInfo) -> "ShardLayout":
+    def for_scale(cls, scale: ScaleInfo) -> "ShardBoxes":
         sh = scale.sharding
         if sh is None:
             raise InfoError("a DVID export needs a sharded scale (neuroglancer_uint64_sharded_v1)",
@@ -88,18 +88,12 @@ class ShardLayout:
         if sh.hash != "identity":
             raise InfoError(f"a DVID export uses the identity hash, got {sh.hash!r}",
                             field="sharding.hash", scale=scale.key)
-        chunk = scale.chunk_sizes[0]
-        grid = scale.grid_shape(0)
-        axis_bits = morton_bits(grid)
-        low = sh.preshift_bits + sh.minishard_bits
-        per_axis = [0, 0, 0]
-        assigned = 0
-        for level in range(max(axis_bits) if axis_bits else 0):
-            for axis in range(3):
-                if level < axis_bits[axis] and assigned < low:
-                    per_axis[axis] += 1
-                    assigned += 1
-        return cls(scale.index, chunk, tuple(1 << b for b in per_axis))  # type: ignore[arg-type]
+        box = shard_box(sh, scale.grid_shape(0))
+        if box is None:
+            raise InfoError(f"shard_bits {sh.shard_bits} leave Morton bits above preshift_bits + "
+                            "minishard_bits uncovered: shard files are not aligned boxes, which a "
+                            "DVID export needs", field="sharding.shard_bits", scale=scale.key)
+        return cls(scale.index, scale.chunk_sizes[0], box)
 
     def shard_of(self, cell: Sequence[int]) -> tuple[int, int, int]:
         """The shard box index of a grid cell."""
@@ -214,7 +208,7 @@ def parse_csv_index(data: bytes, *, where: str) -> ShardIndex:
     return ShardIndex(kind, entries, schema_size if with_offsets else None)
 
 
-def parse_json_index(data: bytes, *, kind: str, where: str, layout: ShardLayout,
+def parse_json_index(data: bytes, *, kind: str, where: str, boxes: ShardBoxes,
                      shard: Sequence[int]) -> ShardIndex:
     """`{"x_y_z": record}`. DVID writes chunk indices; the first published description says voxel
     coordinates, so keys that only fit this shard's box once divided by the chunk size are read
@@ -235,15 +229,15 @@ def parse_json_index(data: bytes, *, kind: str, where: str, layout: ShardLayout,
                                    chunk=where)
         keys.append(tuple(_int(p, "coordinate", where) for p in parts))
         recs.append(v)
-    lo = [s * b for s, b in zip(shard, layout.box)]
-    hi = [a + b for a, b in zip(lo, layout.box)]
+    lo = [s * b for s, b in zip(shard, boxes.box)]
+    hi = [a + b for a, b in zip(lo, boxes.box)]
 
     def inside(cells):
         return all(all(a <= c < b for c, a, b in zip(cell, lo, hi)) for cell in cells)
 
     if not inside(keys):
-        as_voxels = [tuple(c // s for c, s in zip(k, layout.chunk_size)) for k in keys]
-        exact = all(all(c % s == 0 for c, s in zip(k, layout.chunk_size)) for k in keys)
+        as_voxels = [tuple(c // s for c, s in zip(k, boxes.chunk_size)) for k in keys]
+        exact = all(all(c % s == 0 for c, s in zip(k, boxes.chunk_size)) for k in keys)
         if not (exact and inside(as_voxels)):
             raise ShardFormatError("chunk index keys lie outside this shard (neither chunk nor "
                                    "voxel coordinates of it)", chunk=where)
@@ -391,16 +385,16 @@ def _parse_batch(data: bytes, schema, *, where: str):
 class ShardFiles:
     """Reads chunk records from the shard files of one scale of one export."""
 
-    def __init__(self, store: Store, layout: ShardLayout):
+    def __init__(self, store: Store, boxes: ShardBoxes):
         self.store = store
-        self.layout = layout
+        self.boxes = boxes
 
     def describe(self, shard, ext: str = "arrow") -> str:
-        return self.store.describe(f"{self.layout.base(shard)}.{ext}")
+        return self.store.describe(f"{self.boxes.base(shard)}.{ext}")
 
     def index(self, shard: tuple[int, int, int]) -> ShardIndex | None:
         """The shard's chunk index, or None when the shard has no file (all of it is 0)."""
-        base = self.layout.base(shard)
+        base = self.boxes.base(shard)
         ck = (self.store.url, base)
         hit = index_cache.get(ck)
         if hit is not None:
@@ -421,7 +415,7 @@ class ShardFiles:
         if data is not None:
             self._check_size(data, base + ".json")
             return parse_json_index(data, kind="json", where=self.store.describe(base + ".json"),
-                                    layout=self.layout, shard=shard)
+                                    boxes=self.boxes, shard=shard)
         # No sidecar: the index is the file's CHUNKIDX footer, or else its own coordinate columns.
         rows = self.whole_file(shard)
         if rows is None:
@@ -430,7 +424,7 @@ class ShardFiles:
         where = self.describe(shard)
         if footer is not None:
             return parse_json_index(footer, kind="footer", where=where + " (CHUNKIDX footer)",
-                                    layout=self.layout, shard=shard)
+                                    boxes=self.boxes, shard=shard)
         return ShardIndex("columns", {tuple(c): Entry(rec=i)
                                       for i, c in enumerate(rows[0].coords.tolist())})
 
@@ -441,7 +435,7 @@ class ShardFiles:
 
     def whole_file(self, shard) -> tuple[Rows, bytes | None] | None:
         """(rows of the whole .arrow file, footer JSON or None), read once per process."""
-        key = self.layout.base(shard) + ".arrow"
+        key = self.boxes.base(shard) + ".arrow"
         ck = (self.store.url, key)
         hit = table_cache.get(ck)
         if hit is not None:
@@ -500,7 +494,7 @@ class ShardFiles:
                 if e.rec >= rows.n:
                     raise ShardFormatError(f"index points at record {e.rec}; the file has "
                                            f"{rows.n}", chunk=describe(i))
-                if not rows.matches(e.rec, cells[i], self.layout.chunk_size):
+                if not rows.matches(e.rec, cells[i], self.boxes.chunk_size):
                     raise ShardFormatError(f"index points at record {e.rec}, which holds chunk "
                                            f"{tuple(rows.coords[e.rec].tolist())}",
                                            chunk=describe(i))
@@ -508,7 +502,7 @@ class ShardFiles:
         return out
 
     def _records_by_range(self, shard, idx: ShardIndex, cells, want, describe, out) -> None:
-        key = self.layout.base(shard) + ".arrow"
+        key = self.boxes.base(shard) + ".arrow"
         where = self.store.describe(key)
         schema_size = idx.schema_size
         assert schema_size is not None
@@ -543,11 +537,11 @@ class ShardFiles:
         for i, e in want:
             rows = batches[(e.offset, e.size)]
             row = e.row if e.row is not None else 0
-            if row >= rows.n or not rows.matches(row, cells[i], self.layout.chunk_size):
+            if row >= rows.n or not rows.matches(row, cells[i], self.boxes.chunk_size):
                 if e.row is not None and row >= rows.n:
                     raise ShardFormatError(f"batch_idx {row} is past the {rows.n} rows of its "
                                            "record batch", chunk=describe(i))
-                found = rows.find(cells[i], self.layout.chunk_size) if e.row is None else None
+                found = rows.find(cells[i], self.boxes.chunk_size) if e.row is None else None
                 if found is None:
                     raise ShardFormatError(f"the record batch at [{e.offset}, "
                                            f"{e.offset + e.size}) does not hold this chunk",
@@ -607,9 +601,3 @@ def block_bytes(rec: Record, *, limit: int, chunk: str) -> bytes:
                                 f"{rec.uncompressed_size}", chunk=chunk)
     return out
 
-
-def describe_index(idx: ShardIndex | None) -> dict[str, Any]:
-    """A small summary (for reprs and tests)."""
-    if idx is None:
-        return {"kind": None, "chunks": 0}
-    return {"kind": idx.kind, "chunks": len(idx.entries), "schema_size": idx.schema_size}

@@ -38,11 +38,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import PrecomputedError
-from .info import DATA_TYPES, ENCODING_RULES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
-from .morton import _bit_plan, chunk_key, compressed_morton
-from .sharding import chunk_location, shard_filename, shard_index_bytes
-from .storage import TEMP_MARKER, LocalStore, open_store, strip_scheme_prefix
+from ..errors import PrecomputedError, WriterError
+from ..format.info import DATA_TYPES, ENCODING_RULES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
+from ..format.morton import chunk_key, compressed_morton
+from ..format.sharding import chunk_location, shard_box, shard_filename, shard_index_bytes
+from ..reading.shard_reader import forget_cached_indices
+from ..storage import TEMP_MARKER, LocalStore, open_store, strip_scheme_prefix
 
 __all__ = ["to_precomputed", "choose_sharding", "encode_chunk", "build_shard", "WriterError",
            "WRITABLE_ENCODINGS"]
@@ -58,10 +59,6 @@ DEFAULT_SHARD_BYTES = 1 << 27
 DEFAULT_BLOCK_BYTES = 1 << 27
 # Concurrent PUTs of one task's unsharded chunks on object stores.
 REMOTE_PUTS = 16
-
-
-class WriterError(PrecomputedError, ValueError):
-    """The data or the options cannot be written as a precomputed volume (names what and why)."""
 
 
 # ------------------------------------------------------------------------------------ sharding
@@ -105,7 +102,7 @@ def build_shard(chunk_ids, blobs: Sequence[bytes], spec: ShardingSpec, *,
                 gzip_level: int = 6) -> bytes:
     """The bytes of one shard file holding `blobs[i]` under `chunk_ids[i]` (all in this shard).
 
-    Layout (TensorStore's): the shard index, then for each non-empty minishard in order its
+    Structure (TensorStore's): the shard index, then for each non-empty minishard in order its
     chunks' data, by chunk id, followed by its minishard index: the [3, n] uint64le array of
     delta-coded ids, delta-coded starts (the first relative to the end of the shard index, later
     ones to the end of the previous chunk) and sizes."""
@@ -145,22 +142,6 @@ def build_shard(chunk_ids, blobs: Sequence[bytes], spec: ShardingSpec, *,
     return b"".join(parts)
 
 
-def _shard_box_bits(spec: ShardingSpec, grid) -> tuple[int, int, int] | None:
-    """Per-axis log2 of a shard's extent in chunks when every shard is an aligned box of chunks
-    (identity hash, shard bits covering the Morton bits above preshift + minishard); else None."""
-    if spec.hash != "identity":
-        return None
-    total = morton_bit_count(grid)
-    within = spec.preshift_bits + spec.minishard_bits
-    if within < total and within + spec.shard_bits < total:
-        return None
-    b = [0, 0, 0]
-    for axis, _, j in _bit_plan(grid):
-        if j < within:
-            b[axis] += 1
-    return tuple(b)  # type: ignore[return-value]
-
-
 # ------------------------------------------------------------------------------- chunk encoding
 
 def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
@@ -170,7 +151,7 @@ def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_S
     if encoding == "raw":
         return _fortran_bytes(chunk)
     if encoding == "compressed_segmentation":
-        from .encode_cseg import encode
+        from ..codecs.compressed_segmentation import encode
 
         return encode(chunk, block_size)
     x, y, z, c = chunk.shape
@@ -200,12 +181,12 @@ def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_S
 def _fortran_bytes(chunk: np.ndarray) -> bytes:
     """Little-endian Fortran-order bytes of an (x, y, z, channel) array. A C-ordered (x, y, z)
     channel is, in memory, a Fortran-ordered (z, y, x) array: the tiled C transpose of the
-    reader (`_layout.copy_fortran_chunk`) turns it around ~4x faster than numpy's element-wise
+    reader (`codecs.raw.copy_fortran_chunk`) turns it around ~4x faster than numpy's element-wise
     copy."""
     dt = chunk.dtype
     if sys.byteorder != "little" or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0:
         return chunk.astype(dt.newbyteorder("<"), copy=False).tobytes(order="F")
-    from ._layout import copy_fortran_chunk
+    from ..codecs.raw import copy_fortran_chunk
 
     x, y, z, c = chunk.shape
     n = x * y * z
@@ -219,10 +200,10 @@ def _fortran_bytes(chunk: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-# ------------------------------------------------------------------------------ a scale's layout
+# ------------------------------------------------------------------------------ a scale to write
 
 @dataclass(frozen=True)
-class _Layout:
+class _Target:
     """Everything a write task needs, in plain picklable values."""
     url: str
     storage_options: tuple  # sorted items
@@ -284,33 +265,33 @@ def _cells_in(lo, hi) -> np.ndarray:
     return np.stack([a.reshape(-1, order="F") for a in g], axis=1).astype(np.int64)
 
 
-def _encode_cells(lay: _Layout, data: np.ndarray, origin, cells) -> list[tuple[tuple, bytes]]:
+def _encode_cells(tgt: _Target, data: np.ndarray, origin, cells) -> list[tuple[tuple, bytes]]:
     """Encode the chunks `cells` of `data`, an XYZC array whose element 0 is voxel `origin`."""
     out = []
     for cell in cells:
-        box = lay.cell_box(cell)
+        box = tgt.cell_box(cell)
         sub = data[tuple(slice(b.start - o, b.stop - o) for b, o in zip(box, origin))]
-        blob = lay.encode(sub)
+        blob = tgt.encode(sub)
         if blob is not None:
             out.append((tuple(int(v) for v in cell), blob))
     return out
 
 
-def _write_shard(lay: _Layout, shard: int, encoded: Iterable[tuple[tuple, bytes]]) -> int:
+def _write_shard(tgt: _Target, shard: int, encoded: Iterable[tuple[tuple, bytes]]) -> int:
     encoded = list(encoded)
     if not encoded:
         return 0
     cells = np.array([c for c, _ in encoded], dtype=np.int64)
-    ids = compressed_morton(cells, lay.grid)
-    data = build_shard(ids, [b for _, b in encoded], lay.spec, gzip_level=lay.gzip_level)
-    lay.store.write(lay.key(lay.shard_name(shard)), data)
+    ids = compressed_morton(cells, tgt.grid)
+    data = build_shard(ids, [b for _, b in encoded], tgt.spec, gzip_level=tgt.gzip_level)
+    tgt.store.write(tgt.key(tgt.shard_name(shard)), data)
     return len(data)
 
 
-def _write_unsharded(lay: _Layout, encoded: Iterable[tuple[tuple, bytes]], skip=frozenset()) -> int:
-    store = lay.store
-    todo = [(lay.key(lay.chunk_name(cell)), blob) for cell, blob in encoded
-            if lay.chunk_name(cell) not in skip]
+def _write_unsharded(tgt: _Target, encoded: Iterable[tuple[tuple, bytes]], skip=frozenset()) -> int:
+    store = tgt.store
+    todo = [(tgt.key(tgt.chunk_name(cell)), blob) for cell, blob in encoded
+            if tgt.chunk_name(cell) not in skip]
     if isinstance(store, LocalStore) or len(todo) < 2:
         for key, blob in todo:
             store.write(key, blob)
@@ -321,95 +302,95 @@ def _write_unsharded(lay: _Layout, encoded: Iterable[tuple[tuple, bytes]], skip=
 
 # -- dask task bodies (module-level functions: picklable)
 
-def _task_box_shard(block: np.ndarray, lay: _Layout, shard: int, origin, cells) -> int:
-    return _write_shard(lay, shard, _encode_cells(lay, np.asarray(block), origin, cells))
+def _task_box_shard(block: np.ndarray, tgt: _Target, shard: int, origin, cells) -> int:
+    return _write_shard(tgt, shard, _encode_cells(tgt, np.asarray(block), origin, cells))
 
 
-def _task_encode(block: np.ndarray, lay: _Layout, origin, cells) -> list:
-    return _encode_cells(lay, np.asarray(block), origin, cells)
+def _task_encode(block: np.ndarray, tgt: _Target, origin, cells) -> list:
+    return _encode_cells(tgt, np.asarray(block), origin, cells)
 
 
-def _task_encode_by_shard(block: np.ndarray, lay: _Layout, origin, cells, shards) -> dict:
+def _task_encode_by_shard(block: np.ndarray, tgt: _Target, origin, cells, shards) -> dict:
     out: dict[int, list] = {}
     wanted = {tuple(c): s for c, s in zip(np.asarray(cells).tolist(), shards)}
-    for cell, blob in _encode_cells(lay, np.asarray(block), origin, cells):
+    for cell, blob in _encode_cells(tgt, np.asarray(block), origin, cells):
         out.setdefault(wanted[cell], []).append((cell, blob))
     return out
 
 
-def _task_gather_shard(lay: _Layout, shard: int, *parts) -> int:
+def _task_gather_shard(tgt: _Target, shard: int, *parts) -> int:
     items = []
     for p in parts:
         items.extend(p.get(shard, []) if isinstance(p, dict) else p)
-    return _write_shard(lay, shard, items)
+    return _write_shard(tgt, shard, items)
 
 
-def _task_unsharded(block: np.ndarray, lay: _Layout, origin, cells, skip) -> int:
-    return _write_unsharded(lay, _encode_cells(lay, np.asarray(block), origin, cells), skip)
+def _task_unsharded(block: np.ndarray, tgt: _Target, origin, cells, skip) -> int:
+    return _write_unsharded(tgt, _encode_cells(tgt, np.asarray(block), origin, cells), skip)
 
 
 # --------------------------------------------------------------------------------- resume checks
 
-def _valid_unsharded(lay: _Layout, name: str, size: int) -> bool:
+def _valid_unsharded(tgt: _Target, name: str, size: int) -> bool:
     if size <= 0:
         return False
-    cell = _cell_of_name(lay, name)
+    cell = _cell_of_name(tgt, name)
     if cell is None:
         return False
-    shape = [b.stop - b.start for b in lay.cell_box(cell)]
-    if lay.encoding == "raw":
-        return size == math.prod(shape) * lay.num_channels * np.dtype(lay.dtype).itemsize
-    head = lay.store.read_ranges(lay.key(name), [(0, min(size, 64))])
+    shape = [b.stop - b.start for b in tgt.cell_box(cell)]
+    if tgt.encoding == "raw":
+        return size == math.prod(shape) * tgt.num_channels * np.dtype(tgt.dtype).itemsize
+    head = tgt.store.read_ranges(tgt.key(name), [(0, min(size, 64))])
     if not head:
         return False
     head = head[0]
-    if lay.encoding == "compressed_segmentation":
-        nc = lay.num_channels
+    if tgt.encoding == "compressed_segmentation":
+        nc = tgt.num_channels
         if size % 4 or len(head) < 4 * min(nc, 16):
             return False
         words = np.frombuffer(head[:4 * min(nc, 16)], dtype="<u4")
         return int(words[0]) == nc and bool(np.all(words < size // 4))
-    if lay.encoding == "png":
-        from .codecs.png import read_header
+    if tgt.encoding == "png":
+        from ..codecs.png import read_header
 
         try:
             w, h, _, _ = read_header(head)
         except ValueError:
             return False
         return w * h == math.prod(shape)
-    if lay.encoding == "jpeg":
+    if tgt.encoding == "jpeg":
         return head[:2] == b"\xff\xd8"
     return False
 
 
-def _cell_of_name(lay: _Layout, name: str):
+def _cell_of_name(tgt: _Target, name: str):
     try:
         parts = name.split("_")
         if len(parts) != 3:
             return None
         cell = []
-        for p, c, o in zip(parts, lay.chunk, lay.voxel_offset):
+        for p, c, o in zip(parts, tgt.chunk, tgt.voxel_offset):
             a = int(p[:p.index("-", 1)])
             g, r = divmod(a - o, c)
             if r or g < 0:
                 return None
             cell.append(g)
-        return tuple(cell) if lay.chunk_name(cell) == name and all(
-            g < n for g, n in zip(cell, lay.grid)) else None
+        return tuple(cell) if tgt.chunk_name(cell) == name and all(
+            g < n for g, n in zip(cell, tgt.grid)) else None
     except ValueError:
         return None
 
 
-def _valid_shard(lay: _Layout, name: str, size: int, expected_ids: np.ndarray) -> bool:
+def _valid_shard(tgt: _Target, name: str, size: int, expected_ids: np.ndarray) -> bool:
     """The shard file's indices are intact, lie inside the file and list exactly the chunk ids
     this write would put there (a subset when empty chunks are skipped)."""
-    from .sharding import decode_gzip, parse_minishard_index
+    from ..format.sharding import decode_gzip, parse_minishard_index
 
-    spec = lay.spec
+    spec = tgt.spec
     index_end = shard_index_bytes(spec)
     if size < index_end:
         return False
-    store, key = lay.store, lay.key(name)
+    store, key = tgt.store, tgt.key(name)
     try:
         got = store.read_ranges(key, [(0, index_end)])
         if not got or len(got[0]) != index_end:
@@ -434,7 +415,7 @@ def _valid_shard(lay: _Layout, name: str, size: int, expected_ids: np.ndarray) -
         return False
     have = np.sort(np.concatenate(found)) if found else np.zeros(0, np.uint64)
     want = np.sort(np.asarray(expected_ids, dtype=np.uint64))
-    if lay.write_empty_chunks:
+    if tgt.write_empty_chunks:
         return np.array_equal(have, want)
     return len(have) > 0 and bool(np.all(np.isin(have, want)))
 
@@ -773,15 +754,15 @@ def _box_groups(grid, box) -> list[tuple[tuple, tuple]]:
     return out
 
 
-def _vox_box(lay: _Layout, lo, hi) -> tuple[slice, slice, slice]:
+def _vox_box(tgt: _Target, lo, hi) -> tuple[slice, slice, slice]:
     return tuple(slice(a * c, min(b * c, s))  # type: ignore[return-value]
-                 for a, b, c, s in zip(lo, hi, lay.chunk, lay.size))
+                 for a, b, c, s in zip(lo, hi, tgt.chunk, tgt.size))
 
 
-def _cleanup_temporaries(lay: _Layout, listing: dict[str, int]) -> None:
+def _cleanup_temporaries(tgt: _Target, listing: dict[str, int]) -> None:
     for name in listing:
         if TEMP_MARKER in name and name.startswith("."):
-            lay.store.delete(lay.key(name))
+            tgt.store.delete(tgt.key(name))
 
 
 def _run_pool(fns, max_workers) -> list:
@@ -798,29 +779,29 @@ def _run_pool(fns, max_workers) -> list:
                 f.cancel()
 
 
-def _write_scale(sc: _Scale, lay: _Layout, *, resume: bool, block_bytes: int,
+def _write_scale(sc: _Scale, tgt: _Target, *, resume: bool, block_bytes: int,
                  max_workers: int) -> dict:
     """Write every chunk/shard object of one scale. Returns counters."""
-    store = lay.store
-    folder = lay.path
+    store = tgt.store
+    folder = tgt.path
     listing = store.list_sizes(folder) if hasattr(store, "list_sizes") else {}
-    _cleanup_temporaries(lay, listing)
-    grid = lay.grid
-    if 0 in lay.size:
+    _cleanup_temporaries(tgt, listing)
+    grid = tgt.grid
+    if 0 in tgt.size:
         return {"objects": 0, "skipped": 0, "bytes": 0}
-    per_voxel = np.dtype(lay.dtype).itemsize * lay.num_channels
+    per_voxel = np.dtype(tgt.dtype).itemsize * tgt.num_channels
     stats = {"objects": 0, "skipped": 0, "bytes": 0}
 
-    if lay.spec is None:
-        box = _budget_box(lay.chunk, grid, per_voxel, block_bytes)
+    if tgt.spec is None:
+        box = _budget_box(tgt.chunk, grid, per_voxel, block_bytes)
         groups = []
         for lo, hi in _box_groups(grid, box):
             cells = _cells_in(lo, hi)
             skip = set()
             if resume:
                 for cell in cells:
-                    name = lay.chunk_name(cell)
-                    if name in listing and _valid_unsharded(lay, name, listing[name]):
+                    name = tgt.chunk_name(cell)
+                    if name in listing and _valid_unsharded(tgt, name, listing[name]):
                         skip.add(name)
             if len(skip) == len(cells):
                 stats["skipped"] += len(cells)
@@ -829,24 +810,23 @@ def _write_scale(sc: _Scale, lay: _Layout, *, resume: bool, block_bytes: int,
             stats["objects"] += len(cells) - len(skip)
             groups.append((lo, hi, cells, frozenset(skip)))
         if sc.is_dask:
-            stats["bytes"] = _dask_unsharded(sc, lay, groups, box)
+            stats["bytes"] = _dask_unsharded(sc, tgt, groups, box)
         else:
             def write_group(lo, hi, cells, skip):
-                vb = _vox_box(lay, lo, hi)
+                vb = _vox_box(tgt, lo, hi)
                 data = sc.read(vb)
-                return _write_unsharded(lay, _encode_cells(lay, data, [b.start for b in vb], cells),
+                return _write_unsharded(tgt, _encode_cells(tgt, data, [b.start for b in vb], cells),
                                         skip)
             stats["bytes"] = sum(_run_pool([lambda g=g: write_group(*g) for g in groups],
                                            max_workers))
         return stats
 
-    spec = lay.spec
-    box_bits = _shard_box_bits(spec, grid)
+    spec = tgt.spec
+    box = shard_box(spec, grid)
     jobs: list[tuple[int, np.ndarray, tuple | None]] = []  # (shard, cells, (lo, hi) if a box)
-    if box_bits is not None:
-        shard_box = tuple(1 << b for b in box_bits)
+    if box is not None:
         within = spec.preshift_bits + spec.minishard_bits
-        for lo, hi in _box_groups(grid, shard_box):
+        for lo, hi in _box_groups(grid, box):
             first = compressed_morton(np.array([lo]), grid)[0]
             shard = int(first >> np.uint64(within)) if within < 64 else 0
             jobs.append((shard, None, (lo, hi)))  # cells computed lazily
@@ -863,83 +843,83 @@ def _write_scale(sc: _Scale, lay: _Layout, *, resume: bool, block_bytes: int,
     for shard, cells, bx in jobs:
         if cells is None:
             cells = _cells_in(*bx)
-        name = lay.shard_name(shard)
+        name = tgt.shard_name(shard)
         if resume and name in listing and _valid_shard(
-                lay, name, listing[name], compressed_morton(cells, grid)):
+                tgt, name, listing[name], compressed_morton(cells, grid)):
             stats["skipped"] += 1
             continue
         todo.append((shard, cells, bx))
     stats["objects"] = len(todo)
     if sc.is_dask:
-        stats["bytes"] = _dask_sharded(sc, lay, todo, per_voxel, block_bytes)
+        stats["bytes"] = _dask_sharded(sc, tgt, todo, per_voxel, block_bytes)
         return stats
 
     def job(shard, cells, bx):
         if bx is not None:
-            sub = _budget_box(lay.chunk, grid, per_voxel, block_bytes,
+            sub = _budget_box(tgt.chunk, grid, per_voxel, block_bytes,
                               limit=tuple(h - l for l, h in zip(*bx)))
             encoded = []
             for lo, hi in _box_groups(tuple(h - l for l, h in zip(*bx)), sub):
                 lo = tuple(a + o for a, o in zip(lo, bx[0]))
                 hi = tuple(a + o for a, o in zip(hi, bx[0]))
-                vb = _vox_box(lay, lo, hi)
-                encoded += _encode_cells(lay, sc.read(vb), [b.start for b in vb], _cells_in(lo, hi))
+                vb = _vox_box(tgt, lo, hi)
+                encoded += _encode_cells(tgt, sc.read(vb), [b.start for b in vb], _cells_in(lo, hi))
         else:
             encoded = []
             for cell in cells:
-                vb = lay.cell_box(cell)
-                encoded += _encode_cells(lay, sc.read(vb), [b.start for b in vb], [cell])
-        return _write_shard(lay, shard, encoded)
+                vb = tgt.cell_box(cell)
+                encoded += _encode_cells(tgt, sc.read(vb), [b.start for b in vb], [cell])
+        return _write_shard(tgt, shard, encoded)
 
     stats["bytes"] = sum(_run_pool([lambda t=t: job(*t) for t in todo], max_workers))
     return stats
 
 
-def _rechunked(sc: _Scale, lay: _Layout, box_cells) -> Any:
+def _rechunked(sc: _Scale, tgt: _Target, box_cells) -> Any:
     """The dask array (x, y, z, channel) rechunked to aligned boxes of `box_cells` chunks."""
     arr = sc.var.data
     chunks = []
     for axis in range(3):
-        step = box_cells[axis] * lay.chunk[axis]
-        n = lay.size[axis]
+        step = box_cells[axis] * tgt.chunk[axis]
+        n = tgt.size[axis]
         chunks.append(tuple(min(step, n - s) for s in range(0, n, step)))
-    chunks.append((lay.num_channels,))
+    chunks.append((tgt.num_channels,))
     return arr.rechunk(tuple(chunks))
 
 
-def _dask_unsharded(sc, lay, groups, box) -> int:
+def _dask_unsharded(sc, tgt, groups, box) -> int:
     import dask
     from dask import delayed
 
     if not groups:
         return 0
-    arr = _rechunked(sc, lay, box)
+    arr = _rechunked(sc, tgt, box)
     blocks = arr.to_delayed()
     tasks = []
     for lo, hi, cells, skip in groups:
         bi = tuple(a // b for a, b in zip(lo, box))
-        origin = [a * c for a, c in zip(lo, lay.chunk)]
-        tasks.append(delayed(_task_unsharded, pure=False)(blocks[bi + (0,)], lay, origin, cells,
+        origin = [a * c for a, c in zip(lo, tgt.chunk)]
+        tasks.append(delayed(_task_unsharded, pure=False)(blocks[bi + (0,)], tgt, origin, cells,
                                                            skip))
     return int(sum(dask.compute(*tasks)))
 
 
-def _dask_sharded(sc, lay, todo, per_voxel, block_bytes) -> int:
+def _dask_sharded(sc, tgt, todo, per_voxel, block_bytes) -> int:
     import dask
     from dask import delayed
 
     if not todo:
         return 0
-    grid = lay.grid
+    grid = tgt.grid
     box_jobs = [t for t in todo if t[2] is not None]
     scattered = [t for t in todo if t[2] is None]
     tasks = []
     if box_jobs:
         lo0, hi0 = box_jobs[0][2]
-        shard_box = tuple(1 << b for b in _shard_box_bits(lay.spec, grid))
-        sub = _budget_box(lay.chunk, grid, per_voxel, block_bytes,
-                          limit=tuple(min(s, g) for s, g in zip(shard_box, grid)))
-        arr = _rechunked(sc, lay, sub)
+        box = shard_box(tgt.spec, grid)
+        sub = _budget_box(tgt.chunk, grid, per_voxel, block_bytes,
+                          limit=tuple(min(s, g) for s, g in zip(box, grid)))
+        arr = _rechunked(sc, tgt, sub)
         blocks = arr.to_delayed()
         for shard, cells, (lo, hi) in box_jobs:
             parts = []
@@ -947,18 +927,18 @@ def _dask_sharded(sc, lay, todo, per_voxel, block_bytes) -> int:
                 slo = tuple(a + o for a, o in zip(slo, lo))
                 shi = tuple(a + o for a, o in zip(shi, lo))
                 bi = tuple(a // b for a, b in zip(slo, sub))
-                parts.append((blocks[bi + (0,)], [a * c for a, c in zip(slo, lay.chunk)],
+                parts.append((blocks[bi + (0,)], [a * c for a, c in zip(slo, tgt.chunk)],
                               _cells_in(slo, shi)))
             if len(parts) == 1:  # the whole shard in one block: one task encodes and writes it
                 blk, origin, cells_ = parts[0]
-                tasks.append(delayed(_task_box_shard, pure=False)(blk, lay, shard, origin, cells_))
+                tasks.append(delayed(_task_box_shard, pure=False)(blk, tgt, shard, origin, cells_))
             else:
-                enc = [delayed(_task_encode, pure=False)(blk, lay, origin, cells_)
+                enc = [delayed(_task_encode, pure=False)(blk, tgt, origin, cells_)
                        for blk, origin, cells_ in parts]
-                tasks.append(delayed(_task_gather_shard, pure=False)(lay, shard, *enc))
+                tasks.append(delayed(_task_gather_shard, pure=False)(tgt, shard, *enc))
     if scattered:
-        sub = _budget_box(lay.chunk, grid, per_voxel, block_bytes)
-        arr = _rechunked(sc, lay, sub)
+        sub = _budget_box(tgt.chunk, grid, per_voxel, block_bytes)
+        arr = _rechunked(sc, tgt, sub)
         blocks = arr.to_delayed()
         shard_of = {}
         for shard, cells, _ in scattered:
@@ -972,13 +952,13 @@ def _dask_sharded(sc, lay, todo, per_voxel, block_bytes) -> int:
                 continue
             bi = tuple(a // b for a, b in zip(lo, sub))
             enc = delayed(_task_encode_by_shard, pure=False)(
-                blocks[bi + (0,)], lay, [a * c for a, c in zip(lo, lay.chunk)], cells,
+                blocks[bi + (0,)], tgt, [a * c for a, c in zip(lo, tgt.chunk)], cells,
                 [shard_of[tuple(c)] for c in cells])
             per_block[bi] = enc
             for s in {shard_of[tuple(c)] for c in cells}:
                 contributors[s].append(enc)
         for shard, _, _ in scattered:
-            tasks.append(delayed(_task_gather_shard, pure=False)(lay, shard, *contributors[shard]))
+            tasks.append(delayed(_task_gather_shard, pure=False)(tgt, shard, *contributors[shard]))
     return int(sum(dask.compute(*tasks)))
 
 
@@ -1102,24 +1082,16 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     workers = max_workers or max(1, os.cpu_count() or 1)
     for sc, d in zip(scales, sjson):
         s = parsed.find_scale(d["key"])
-        lay = _Layout(
+        tgt = _Target(
             url=url, storage_options=opts, path=s.path, size=s.size, voxel_offset=s.voxel_offset,
             chunk=s.chunk_sizes[0], num_channels=parsed.num_channels, dtype=dt,
             encoding=s.encoding, block_size=s.compressed_segmentation_block_size or DEFAULT_BLOCK_SIZE,
             sharding=None if s.sharding is None else tuple(sorted(s.sharding.to_json().items())),
             jpeg_quality=jpeg_quality, png_level=png_level, gzip_level=gzip_level,
             write_empty_chunks=write_empty_chunks)
-        _write_scale(sc, lay, resume=allow_resume[d["key"]], block_bytes=block_bytes,
+        _write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
                      max_workers=workers)
     store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
-    _forget_cached_indices()
+    # Readers in this process may have cached indices of the shard files just replaced.
+    forget_cached_indices()
     return parsed
-
-
-def _forget_cached_indices() -> None:
-    """Readers in this process may have cached shard layouts and indices of objects just
-    replaced; drop them."""
-    from . import sharding as _sh
-
-    _sh.minishard_cache.clear()
-    _sh._layout_cache.clear()

@@ -153,7 +153,7 @@ def _default_method(da) -> str:
 def _downsample_da(da, factors, method):
     import xarray as xr
 
-    from .writer import _as_scale
+    from .precomputed import _as_scale
 
     sc = _as_scale(da)
     method = method or _default_method(da)

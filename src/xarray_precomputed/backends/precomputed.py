@@ -13,7 +13,7 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
-from .volume import ScaleReader, Volume
+from ..reading.volume import ScaleReader, Volume
 
 DIMS = ("x", "y", "z", "channel")
 

@@ -3,7 +3,7 @@ per scale, written one whole shard per dask task, resumable.
 
     to_ome_zarr(ds_or_tree_or_url, "out.zarr")          # every scale of a tree, or one Dataset
 
-Layout of the output (`name` = `s<k>`, k the source scale index):
+Structure of the output (`name` = `s<k>`, k the source scale index):
 
 - arrays in C order `(c, z, y, x)` — `(z, y, x)` for one channel — our XYZC transposed;
 - codec `sharding_indexed`: inner chunk = the precomputed chunk (one channel per inner chunk),
@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import PrecomputedError
-from .morton import morton_bits
+from ..errors import ExportError, PrecomputedError
+from ..format.info import ShardingSpec
+from ..format.sharding import shard_box
 
 if TYPE_CHECKING:  # xarray is imported when an export runs, not with the package
     import xarray as xr
 
-__all__ = ["to_ome_zarr", "ExportError", "ExportReport", "ArrayReport", "shard_box_chunks",
+__all__ = ["to_ome_zarr", "ExportError", "ExportReport", "ArrayReport", "plan_shard", "scale_matches",
            "DEFAULT_MAX_SHARD_BYTES"]
 
 DEFAULT_MAX_SHARD_BYTES = 1 << 30   # uncompressed bytes of one shard (all channels)
@@ -53,10 +54,6 @@ DEFAULT_SHARD_CHUNKS = 8             # chunks per axis of a shard when the sourc
 STATE_DIR = ".xarray_precomputed"
 PLAN_FORMAT = "xarray-precomputed/ome-zarr-export/1"
 _BATCH = 2048                        # shard tasks per dask compute (bounds graph size and memory)
-
-
-class ExportError(PrecomputedError, ValueError):
-    """The export cannot proceed: bad arguments, an incompatible existing destination."""
 
 
 # ----------------------------------------------------------------------------- reports
@@ -115,29 +112,19 @@ def _human(n: float) -> str:
 
 # ----------------------------------------------------------------------------- shard geometry
 
-def shard_box_chunks(sharding: dict | None, size: Sequence[int], chunk: Sequence[int]
-                     ) -> tuple[int, int, int] | None:
-    """Chunks per axis of the aligned box of chunks sharing a precomputed shard file, or None.
-
-    With the identity hash, chunks whose compressed Morton codes agree above the low
-    `preshift_bits + minishard_bits` bits lie in one shard file; those low bits are the low bits
-    of each grid coordinate (as many per axis as the interleaving gives it), so the chunks form an
-    aligned box of 2**bits chunks per axis. A murmurhash scatters chunks: no box."""
-    if not sharding or sharding.get("hash") != "identity":
+def _source_shard_box(sharding: dict | None, size: Sequence[int], chunk: Sequence[int]
+                      ) -> tuple[int, int, int] | None:
+    """Chunks per axis of the source's shard box (see `format.sharding.shard_box`), or None."""
+    if not isinstance(sharding, dict):
         return None
-    grid = [-(-int(s) // int(c)) for s, c in zip(size, chunk)]
-    bits = morton_bits(grid)
-    low = int(sharding.get("preshift_bits", 0)) + int(sharding.get("minishard_bits", 0))
-    per_axis, assigned = [0, 0, 0], 0
-    for level in range(max(bits) if bits else 0):
-        for axis in range(3):
-            if level < bits[axis] and assigned < low:
-                per_axis[axis] += 1
-                assigned += 1
-    return tuple(1 << b for b in per_axis)  # type: ignore[return-value]
+    try:
+        spec = ShardingSpec.from_json(sharding)
+    except PrecomputedError:
+        return None
+    return shard_box(spec, [-(-int(s) // int(c)) for s, c in zip(size, chunk)])
 
 
-def _plan_shard(chunk: Sequence[int], grid: Sequence[int], box: Sequence[int] | None,
+def plan_shard(chunk: Sequence[int], grid: Sequence[int], box: Sequence[int] | None,
                 voxel_bytes: int, max_shard_bytes: int) -> tuple[int, int, int]:
     """Shard shape in voxels (x, y, z): the box (in chunks; a default cube when None), clipped to
     the grid, halved along its longest axis — to an aligned power-of-two sub-box — while its
@@ -279,8 +266,8 @@ def _scale_from_dataset(ds: xr.Dataset, name: str, *, variable: str | None,
         sharding = json.loads(sharding_text) if isinstance(sharding_text, str) and sharding_text \
             else (sharding_text if isinstance(sharding_text, dict) else None)
         full_size = var.attrs.get("size") or shape_xyz
-        box = shard_box_chunks(sharding, full_size, chunk)
-        shard = _plan_shard(chunk, grid, box, voxel_bytes, max_shard_bytes)
+        box = _source_shard_box(sharding, full_size, chunk)
+        shard = plan_shard(chunk, grid, box, voxel_bytes, max_shard_bytes)
     src = var.attrs.get("source") or ds.attrs.get("source")
     if isinstance(src, str) and src and "://" not in src:
         src = os.path.abspath(src)   # the same volume, whatever the working directory
@@ -297,7 +284,7 @@ def _scale_from_dataset(ds: xr.Dataset, name: str, *, variable: str | None,
                   translation=tuple(g[1] for g in geom), source=source)  # type: ignore[arg-type]
 
 
-def _matches(which: int | str, name: str, ds: xr.Dataset, var_name: str | None) -> bool:
+def scale_matches(which: int | str, name: str, ds: xr.Dataset, var_name: str | None) -> bool:
     attrs = dict(ds.attrs)
     try:
         attrs.update(ds[_pick_variable(ds, var_name)].attrs)
@@ -335,7 +322,7 @@ def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> lis
         wanted = list(scales)
         chosen = []
         for w in wanted:
-            hits = [it for it in items if _matches(w, it[0], it[1], variable)]
+            hits = [it for it in items if scale_matches(w, it[0], it[1], variable)]
             if not hits:
                 raise ExportError(f"no scale {w!r} in the source; have {[n for n, _ in items]}")
             if hits[0] not in chosen:
@@ -573,7 +560,7 @@ class _ShardEncoder:
                 and dtype.itemsize in (1, 2, 4, 8)):
             # A C-ordered (X, Y, Z) slab is a Fortran-ordered (Z, Y, X) array: the raw decoder's
             # tiled transposing copy (GIL released) writes the chunk in (z, y, x) C order.
-            from ._layout import copy_fortran_chunk
+            from ..codecs.raw import copy_fortran_chunk
 
             copy_fortran_chunk(slab, chunk[:dz, :dy, :dx, None], (bz, by, bx), (z0, y0, 0))
         else:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import BoundsError
+from ..errors import BoundsError
 
 
 @dataclass(frozen=True)

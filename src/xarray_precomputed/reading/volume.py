@@ -15,46 +15,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .codecs import get_decoder
-from .errors import MissingChunkError, PrecomputedError, StorageError
-from .info import ScaleInfo, VolumeInfo, parse_info
-from .morton import chunk_key, compressed_morton
+from ..codecs import get_decoder
+from ..errors import MissingChunkError, PrecomputedError, StorageError
+from ..format.info import ScaleInfo, VolumeInfo, parse_info
+from ..format.morton import chunk_key, compressed_morton
 from .selection import (as_index, axis_parts, box_selection, outer_selection, part_bounds,
                         selection_shape)
-from .sharding import ShardReader, chunk_location, group_by_shard
-from .storage import Store, open_store, store_options_key, strip_scheme_prefix
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
-_pool_lock = threading.Lock()
-
-
-def executor() -> ThreadPoolExecutor:
-    """The I/O + decode pool of this process, shared by every reader (re-made after a fork)."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 2)),
-                                       thread_name_prefix="xarray-precomputed")
-            _pool_pid = os.getpid()
-        return _pool
-
-
-_io_pool: ThreadPoolExecutor | None = None
-_io_pool_pid: int | None = None
-
-
-def io_executor() -> ThreadPoolExecutor:
-    """Threads that wait on a remote store (each blocks while fsspec's event loop does the I/O),
-    so that many requests are in flight whatever the core count; decoding stays on executor()."""
-    global _io_pool, _io_pool_pid
-    with _pool_lock:
-        if _io_pool is None or _io_pool_pid != os.getpid():
-            _io_pool = ThreadPoolExecutor(max_workers=REMOTE_IN_FLIGHT,
-                                          thread_name_prefix="xarray-precomputed-io")
-            _io_pool_pid = os.getpid()
-        return _io_pool
-
+from ..format.sharding import chunk_location
+from .shard_reader import ShardReader, group_by_shard
+from ..storage import Store, open_store, store_options_key, strip_scheme_prefix
+from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
 
 _set_hugepage = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
 _hugepage_lock = threading.Lock()
@@ -70,7 +40,7 @@ INLINE_DECODE_BYTES = 4 << 20
 # stays bounded when decoding is the slower side).
 REMOTE_BATCH = 32
 REMOTE_BATCH_BYTES = 16 << 20
-REMOTE_IN_FLIGHT = 32
+REMOTE_IN_FLIGHT = IO_THREADS
 
 
 def _result(shape, dtype) -> tuple[np.ndarray, bool]:
@@ -205,7 +175,7 @@ class ScaleReader:
         chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
         per = min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes))
         if spread:
-            per = min(per, -(-n // executor()._max_workers))
+            per = min(per, -(-n // cpu_pool()._max_workers))
         return max(1, per)
 
     def _max_stored_bytes(self) -> int:
@@ -297,7 +267,7 @@ class ScaleReader:
                     self._place(blob, cells[i], jobs[i], out, d)
 
         groups = list(group_by_shard(shards))
-        pool = executor()
+        pool = cpu_pool()
         if len(groups) == 1:
             # One shard: its reads are one task's worth anyway, so they run here rather than
             # wait for a worker (the first read of a process would also wait for it to start).
@@ -307,7 +277,7 @@ class ScaleReader:
             if len(results) == 1 or out.nbytes <= INLINE_DECODE_BYTES:
                 finish(results)
                 return
-            _wait_all([pool.submit(finish, [r]) for r in results])
+            wait_all([pool.submit(finish, [r]) for r in results])
             return
         if self.store.batches_reads:
             # A remote store: latency bounds the read, so many shard groups are fetched at once
@@ -328,9 +298,9 @@ class ScaleReader:
             if not inline:
                 for f in tasks:
                     decodes.extend(pool.submit(finish, [r]) for r in f.result())
-            _wait_all(tasks + decodes)
+            wait_all(tasks + decodes)
         finally:
-            _settle(tasks + decodes)
+            settle(tasks + decodes)
 
     def _read_unsharded(self, cells: np.ndarray, jobs: list, out: np.ndarray,
                         zeroed: bool) -> None:
@@ -349,7 +319,7 @@ class ScaleReader:
         if len(cells) == 1:
             one(0)
             return
-        pool = executor()
+        pool = cpu_pool()
         # x varies fastest: chunks that run at the same time then write disjoint pages of the
         # C-ordered result (z-neighbours share every page, and first-touching one page from
         # several threads at once costs repeated faults; measured ~60% more faults).
@@ -373,14 +343,14 @@ class ScaleReader:
 
             _pipeline([order[k:k + per] for k in range(0, len(order), per)], fetch, decode)
             return
-        _wait_all([pool.submit(one, i) for i in order])
+        wait_all([pool.submit(one, i) for i in order])
 
 
 def _pipeline(jobs: list, fetch, decode) -> None:
     """`decode(fetch(job))` for every job: fetches on the I/O pool, at most REMOTE_IN_FLIGHT jobs
     fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives.
     The first failure is raised once nothing is left running."""
-    io, cpu = io_executor(), executor()
+    io, cpu = io_pool(), cpu_pool()
     todo = iter(jobs)
     fetching: set[Future] = set()
     decoding: set[Future] = set()
@@ -402,19 +372,10 @@ def _pipeline(jobs: list, fetch, decode) -> None:
                     decoding.discard(f)
                     f.result()
     finally:
-        _settle(list(fetching | decoding))
+        settle(list(fetching | decoding))
 
 
 _END = object()
-
-
-def _settle(tasks: list[Future]) -> None:
-    """Cancel the tasks not started and wait for those running, so that a read that fails leaves
-    no work behind: tasks still fetching would go on sending requests, and retrying them, after
-    the caller had its error (and into the next read's request counts)."""
-    for f in tasks:
-        f.cancel()
-    wait(tasks)
 
 
 def _dest_index(job) -> tuple:
@@ -422,16 +383,6 @@ def _dest_index(job) -> tuple:
     if all(isinstance(p.dest, slice) for p in job):
         return tuple(p.dest for p in job)
     return np.ix_(*(as_index(p.dest) for p in job))
-
-
-def _wait_all(tasks: list[Future]) -> None:
-    """Wait for every task; the first failure is raised once the rest are settled."""
-    try:
-        wait(tasks, return_when=FIRST_EXCEPTION)
-        for f in tasks:
-            f.result()
-    finally:
-        _settle(tasks)
 
 
 class _Lazy:

@@ -260,9 +260,9 @@ static PyMethodDef methods[] = {
      "aligned uint8 rows with non-temporal stores (for large results)."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_layout", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fortran", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__layout(void)
+PyMODINIT_FUNC PyInit__fortran(void)
 {
     import_array();
     return PyModule_Create(&module);

@@ -10,7 +10,7 @@ def morton_bits(grid_shape) -> tuple[int, int, int]:
     return tuple(max(0, int(g) - 1).bit_length() for g in grid_shape)  # type: ignore[return-value]
 
 
-def _bit_plan(grid_shape) -> list[tuple[int, int, int]]:
+def bit_plan(grid_shape) -> list[tuple[int, int, int]]:
     """(axis, source bit, output bit) triples, lowest output bit first."""
     bits = morton_bits(grid_shape)
     plan, j = [], 0
@@ -27,18 +27,8 @@ def compressed_morton(cells, grid_shape) -> np.ndarray:
     cells = np.asarray(cells, dtype=np.uint64).reshape(-1, 3)
     out = np.zeros(len(cells), dtype=np.uint64)
     one = np.uint64(1)
-    for axis, i, j in _bit_plan(grid_shape):
+    for axis, i, j in bit_plan(grid_shape):
         out |= ((cells[:, axis] >> np.uint64(i)) & one) << np.uint64(j)
-    return out
-
-
-def decode_compressed_morton(codes, grid_shape) -> np.ndarray:
-    """Grid cells (N, 3) of compressed Morton codes: the inverse of `compressed_morton`."""
-    codes = np.asarray(codes, dtype=np.uint64).reshape(-1)
-    out = np.zeros((len(codes), 3), dtype=np.uint64)
-    one = np.uint64(1)
-    for axis, i, j in _bit_plan(grid_shape):
-        out[:, axis] |= ((codes >> np.uint64(j)) & one) << np.uint64(i)
     return out
 
 

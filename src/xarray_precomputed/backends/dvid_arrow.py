@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import xarray as xr
 from xarray.backends import BackendEntrypoint
 
-from .storage import is_local, open_store, strip_scheme_prefix
+from ..storage import is_local, open_store, strip_scheme_prefix
 
 # The reader (and pyarrow behind it) is imported on first open, not when xarray lists its engines.
 
@@ -63,7 +63,7 @@ def present_scales(url: str, n_scales: int, storage_options: dict | None = None)
 
 
 def dvid_dataset(reader) -> xr.Dataset:
-    from .backend import scale_dataset
+    from .precomputed import scale_dataset
 
     ds = scale_dataset(reader)
     var = ds[reader.info.type]
@@ -87,7 +87,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                      labels: str = "agglomerated", fill_missing: bool = True,
                      storage_options: dict | None = None,
                      drop_variables: Iterable[str] | None = None) -> xr.Dataset:
-        from .dvid.reader import DvidScaleReader
+        from ..dvid.reader import DvidScaleReader
 
         reader = DvidScaleReader.open(os.fspath(filename_or_obj), info, scale, labels=labels,
                                       fill_missing=fill_missing, storage_options=storage_options)
@@ -101,7 +101,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                             storage_options: dict | None = None,
                             drop_variables: Iterable[str] | None = None,
                             **_: Any) -> dict[str, xr.Dataset]:
-        from .dvid.reader import DvidScaleReader, load_info
+        from ..dvid.reader import DvidScaleReader, load_info
 
         url = strip_scheme_prefix(os.fspath(filename_or_obj))
         vi = load_info(info, storage_options=storage_options)

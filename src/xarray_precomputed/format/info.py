@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import InfoError
+from ..errors import InfoError, PrecomputedError, ScaleNotFoundError
 
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
 
@@ -170,8 +170,6 @@ class VolumeInfo:
 
     def find_scale(self, which: int | str | tuple | list) -> ScaleInfo:
         """A scale by index, by key, or by resolution in nm."""
-        from .errors import PrecomputedError
-
         if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
             i = int(which)
             if not -len(self.scales) <= i < len(self.scales):
@@ -193,10 +191,6 @@ class VolumeInfo:
                 f"{[s.resolution for s in self.scales]}")
         raise PrecomputedError(f"scale must be an index, a key or a resolution triple, got {which!r}")
 
-
-class ScaleNotFoundError(InfoError, KeyError):
-    def __str__(self) -> str:
-        return Exception.__str__(self)
 
 
 def _is_int(v: Any) -> bool:

@@ -1,0 +1,1 @@
+"""Export to other formats: sharded Zarr v3 / OME-Zarr (`to_ome_zarr`)."""

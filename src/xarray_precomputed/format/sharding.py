@@ -1,0 +1,172 @@
+"""The neuroglancer_uint64_sharded_v1 format: chunk id -> shard file and minishard, the shard box,
+and parsing of shard and minishard indices (every offset checked). Reading is in
+`reading/shard_reader.py`, writing shard files in `writing/`."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import mmh3
+import numpy as np
+
+try:  # a dependency; the zlib path below is complete without it
+    import deflate as _deflate
+except ImportError:  # pragma: no cover - a platform without its wheel
+    _deflate = None
+
+from ..errors import CorruptChunkError, ShardFormatError
+from .info import ShardingSpec
+from .morton import bit_plan, morton_bits
+
+_U64_MASK = (1 << 64) - 1
+
+
+def _mask(bits: int) -> int:
+    return (1 << bits) - 1
+
+
+def hash_ids(chunk_ids, spec: ShardingSpec) -> np.ndarray:
+    """The hashed chunk ids: preshift, then identity or the low 64 bits of MurmurHash3_x86_128."""
+    ids = np.asarray(chunk_ids, dtype=np.uint64).reshape(-1)
+    shifted = ids >> np.uint64(spec.preshift_bits) if spec.preshift_bits < 64 else np.zeros_like(ids)
+    if spec.hash == "identity":
+        return shifted
+    out = np.empty_like(shifted)
+    for i, v in enumerate(shifted.tolist()):
+        out[i] = mmh3.hash128(struct.pack("<Q", v), seed=0, x64arch=False, signed=False) & _U64_MASK
+    return out
+
+
+def chunk_location(chunk_ids, spec: ShardingSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(shard number, minishard number) of each chunk id."""
+    h = hash_ids(chunk_ids, spec)
+    mini = h & np.uint64(_mask(spec.minishard_bits)) if spec.minishard_bits < 64 else h
+    if spec.minishard_bits >= 64:
+        shard = np.zeros_like(h)
+    else:
+        shard = (h >> np.uint64(spec.minishard_bits)) & np.uint64(_mask(spec.shard_bits))
+    return shard, mini
+
+
+def shard_filename(shard: int, spec: ShardingSpec, suffix: str = "shard") -> str:
+    digits = -(-spec.shard_bits // 4)
+    return f"{int(shard):0{digits}x}.{suffix}" if digits else f"0.{suffix}"
+
+
+def shard_box(spec: ShardingSpec | None, grid) -> tuple[int, int, int] | None:
+    """Chunks per axis of the aligned box of chunks that one shard file holds, or None when a
+    shard file is not such a box.
+
+    With the identity hash, the chunks of one shard agree on their compressed Morton codes above
+    the low `preshift_bits + minishard_bits` bits; those low bits are the low bits of each grid
+    coordinate (as many per axis as the interleaving gives it), so they span an aligned box of
+    2**bits chunks per axis. That box is a whole shard file only if the shard bits cover every
+    Morton bit above them; otherwise the shard number drops high bits and several boxes share a
+    file. A murmurhash scatters chunks: no box."""
+    if spec is None or spec.hash != "identity":
+        return None
+    total = sum(morton_bits(grid))
+    within = spec.preshift_bits + spec.minishard_bits
+    if within + spec.shard_bits < total:
+        return None
+    per_axis = [0, 0, 0]
+    for axis, _, j in bit_plan(grid):
+        if j < within:
+            per_axis[axis] += 1
+    return tuple(1 << b for b in per_axis)  # type: ignore[return-value]
+
+
+def shard_index_bytes(spec: ShardingSpec) -> int:
+    return 16 << spec.minishard_bits
+
+
+def parse_shard_index_entry(buf: bytes, *, where: str) -> tuple[int, int]:
+    if len(buf) != 16:
+        raise ShardFormatError(f"shard index entry is {len(buf)} bytes, expected 16 "
+                               "(file shorter than its shard index)", chunk=where)
+    start, end = struct.unpack("<QQ", buf)
+    if end < start:
+        raise ShardFormatError(f"minishard index range [{start}, {end}) ends before it starts",
+                               chunk=where)
+    return start, end
+
+
+def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray:
+    """gzip (or zlib) decompression that stops at `limit` bytes: a bomb cannot exhaust memory.
+
+    A gzip member whose trailer states a size within the bound goes to libdeflate (about twice
+    zlib's speed here, GIL released), which allocates exactly that size and fails unless the
+    stream, its CRC and its size all agree; anything else, and every failure, takes the bounded
+    zlib path, which decides what is accepted and names what is wrong."""
+    if _deflate is not None and len(data) >= 18 and data[:2] == b"\x1f\x8b":
+        if int.from_bytes(data[-4:], "little") <= limit:
+            try:
+                return _deflate.gzip_decompress(data)
+            except _deflate.DeflateError:
+                pass
+    d = zlib.decompressobj(wbits=47)  # auto-detect gzip / zlib headers
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise CorruptChunkError(f"{what}: gzip data is corrupt ({e})", chunk=where) from None
+    if len(out) > limit:
+        raise CorruptChunkError(f"{what}: gzip data decompresses past the {limit}-byte bound",
+                                chunk=where)
+    if not d.eof:
+        raise CorruptChunkError(f"{what}: gzip stream is truncated", chunk=where)
+    return out
+
+
+@dataclass(frozen=True)
+class MinishardIndex:
+    ids: np.ndarray     # sorted uint64 chunk ids
+    starts: np.ndarray  # absolute byte offsets in the .shard file (int64)
+    ends: np.ndarray
+
+    def lookup(self, chunk_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found mask, starts, ends) for each id."""
+        pos = np.searchsorted(self.ids, chunk_ids)
+        pos = np.minimum(pos, max(len(self.ids) - 1, 0))
+        if len(self.ids) == 0:
+            found = np.zeros(len(chunk_ids), dtype=bool)
+            return found, np.zeros(len(chunk_ids), np.int64), np.zeros(len(chunk_ids), np.int64)
+        found = self.ids[pos] == chunk_ids
+        return found, self.starts[pos], self.ends[pos]
+
+
+def parse_minishard_index(buf: bytes, shard_index_end: int, *, file_size: int | None,
+                          where: str) -> MinishardIndex:
+    if len(buf) % 24:
+        raise ShardFormatError(f"minishard index is {len(buf)} bytes, not a multiple of 24",
+                               chunk=where)
+    n = len(buf) // 24
+    a = np.frombuffer(buf, dtype="<u8").reshape(3, n)
+    # Python ints: uint64 sums of hostile deltas must not wrap silently.
+    ids_delta, start_delta, sizes = a[0], a[1], a[2]
+    if n and (int(sizes.max()) >= 1 << 62 or int(start_delta.max()) >= 1 << 62):
+        raise ShardFormatError("minishard index holds an impossible offset or size", chunk=where)
+    ids = np.cumsum(ids_delta, dtype=np.uint64)
+    if n > 1 and int(ids_delta[1:].min(initial=1)) == 0 or (n and _wrapped(ids_delta)):
+        raise ShardFormatError("minishard index chunk ids are not strictly increasing", chunk=where)
+    starts = np.empty(n, dtype=np.int64)
+    ends = np.empty(n, dtype=np.int64)
+    pos = shard_index_end
+    sd = start_delta.tolist()
+    sz = sizes.tolist()
+    for i in range(n):
+        s = pos + sd[i]
+        e = s + sz[i]
+        if e >= 1 << 62 or (file_size is not None and e > file_size):
+            raise ShardFormatError(
+                f"chunk {int(ids[i])} data [{s}, {e}) lies past the end of the shard file"
+                + (f" ({file_size} bytes)" if file_size is not None else ""), chunk=where)
+        starts[i], ends[i] = s, e
+        pos = e
+    order = np.argsort(ids, kind="stable")
+    return MinishardIndex(ids[order], starts[order], ends[order])
+
+
+def _wrapped(deltas: np.ndarray) -> bool:
+    return sum(int(x) for x in deltas.tolist()) > _U64_MASK

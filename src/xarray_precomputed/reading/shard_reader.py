@@ -1,0 +1,248 @@
+"""Reading chunks by id from the shard files of one sharded scale, with few requests.
+
+Shard and minishard indices are cached per process in bounded LRU caches, so a dask worker
+fetches each index once however many tasks touch it; concurrent misses of one index share a
+single fetch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import ExitStack
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import ShardFormatError
+from ..format.info import ShardingSpec
+from ..format.sharding import (MinishardIndex, decode_gzip, parse_minishard_index,
+                               parse_shard_index_entry, shard_filename, shard_index_bytes)
+from ..storage import Store
+from ..util import LRUCache, single_flight
+
+# Per process: minishard indices, and which form each shard file has (one `.shard`, the obsolete
+# `.index` + `.data` pair, or absent).
+minishard_cache = LRUCache(256 << 20)
+shard_form_cache = LRUCache(16 << 20)
+_ABSENT = "absent"
+WHOLE_SHARD_INDEX_BYTES = 1 << 16
+# Index fetches in this process ("shard_index", "minishard_index"): W4 checks each worker fetches
+# every index once.
+index_fetches: Counter = Counter()
+
+
+class ShardReader:
+    """Reads chunks by id from the shard files of one sharded scale."""
+
+    def __init__(self, store: Store, path: str, spec: ShardingSpec, *, max_chunk_bytes: int,
+                 max_chunks: int):
+        self.store = store
+        self.path = path
+        self.spec = spec
+        self.max_chunk_bytes = max_chunk_bytes
+        # A minishard index cannot legitimately describe more chunks than the scale has.
+        self.max_minishard_bytes = 24 * max(1, min(max_chunks, 1 << 28))
+        self.index_end = shard_index_bytes(spec)
+
+    def _key(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.path else name
+
+    def _cache_key(self, *parts):
+        return (self.store.url, self.path) + parts
+
+    def _read_file_ranges(self, shard: int, ranges):
+        """Read absolute `.shard` byte ranges, from `.shard` or the obsolete `.index`+`.data`."""
+        ck = self._cache_key("form", shard)
+        form = shard_form_cache.get(ck)
+        if form is None or form == "shard":
+            got = self.store.read_ranges(self._key(shard_filename(shard, self.spec)), ranges)
+            if got is not None:
+                shard_form_cache.put(ck, "shard", 64)
+                return got
+            if form == "shard":
+                return None
+        # The obsolete form: `.index` is the shard index, `.data` everything after it.
+        idx_key = self._key(shard_filename(shard, self.spec, "index"))
+        data_key = self._key(shard_filename(shard, self.spec, "data"))
+        out: list[bytes | None] = [None] * len(ranges)
+        index_part = [(i, r) for i, r in enumerate(ranges) if r[1] <= self.index_end]
+        data_part = [(i, r) for i, r in enumerate(ranges) if r[0] >= self.index_end]
+        if len(index_part) + len(data_part) != len(ranges):
+            raise ShardFormatError("a byte range straddles the shard index and data",
+                                   chunk=self.store.describe(idx_key))
+        if index_part:
+            got = self.store.read_ranges(idx_key, [r for _, r in index_part])
+            if got is None:
+                if form is None:
+                    shard_form_cache.put(ck, _ABSENT, 64)
+                return None
+            for (i, _), b in zip(index_part, got):
+                out[i] = b
+        if data_part:
+            got = self.store.read_ranges(
+                data_key, [(s - self.index_end, e - self.index_end) for _, (s, e) in data_part])
+            if got is None:
+                raise ShardFormatError("the shard's .index file exists but its .data file does not",
+                                       chunk=self.store.describe(data_key))
+            for (i, _), b in zip(data_part, got):
+                out[i] = b
+        shard_form_cache.put(ck, "split", 64)
+        return out
+
+    def shard_name(self, shard: int) -> str:
+        return self.store.describe(self._key(shard_filename(shard, self.spec)))
+
+    def _shard_index_entries(self, shard: int, minishards: list[int],
+                             wheres: dict[int, str]) -> dict[int, tuple[int, int]] | None:
+        # Small shard indices are fetched whole once (one request serves every minishard); large
+        # ones (2**minishard_bits entries) as the 16-byte entries needed, in one round.
+        if self.index_end > WHOLE_SHARD_INDEX_BYTES:
+            got = self._read_file_ranges(shard, [(16 * m, 16 * m + 16) for m in minishards])
+            if got is None:
+                return None
+            return {m: parse_shard_index_entry(b, where=wheres[m]) for m, b in zip(minishards, got)}
+        ck = self._cache_key("index", shard)
+        hit = minishard_cache.get(ck)
+        if hit is None:
+            with single_flight(ck):
+                hit = minishard_cache.get(ck)
+                if hit is None:
+                    hit = self._fetch_shard_index(shard, wheres[minishards[0]])
+                    if hit is None:
+                        return None
+                    minishard_cache.put(ck, hit, self.index_end + 64)
+        return {m: parse_shard_index_entry(hit[0][m].tobytes(), where=wheres[m])
+                for m in minishards}
+
+    def _fetch_shard_index(self, shard: int, where: str):
+        index_fetches["shard_index"] += 1
+        got = self._read_file_ranges(shard, [(0, self.index_end)])
+        if got is None:
+            return None
+        if len(got[0]) != self.index_end:
+            raise ShardFormatError(f"file is {len(got[0])} bytes, shorter than its "
+                                   f"{self.index_end}-byte shard index", chunk=where)
+        return (np.frombuffer(got[0], dtype="<u8").reshape(-1, 2),)
+
+    def minishard_indices(self, shard: int,
+                          minishards: list[int]) -> dict[int, MinishardIndex] | None:
+        """The decoded minishard indices of one shard, those not cached fetched in one round of
+        requests (over a network, one round trip instead of one per minishard); None if the
+        shard file does not exist."""
+        out: dict[int, MinishardIndex] = {}
+        todo = []
+        for m in sorted(set(minishards)):
+            hit = minishard_cache.get(self._cache_key("mini", shard, m))
+            if hit is None:
+                todo.append(m)
+            else:
+                out[m] = hit[0]
+        if not todo:
+            return out
+        with ExitStack() as held:
+            # Ascending order: threads fetching overlapping sets take these in one order.
+            for m in todo:
+                held.enter_context(single_flight(self._cache_key("mini", shard, m)))
+            still = []
+            for m in todo:
+                hit = minishard_cache.get(self._cache_key("mini", shard, m))
+                if hit is None:
+                    still.append(m)
+                else:
+                    out[m] = hit[0]
+            if still:
+                got = self._fetch_minishard_indices(shard, still)
+                if got is None:
+                    return None
+                out.update(got)
+        return out
+
+    def _fetch_minishard_indices(self, shard: int,
+                                 minishards: list[int]) -> dict[int, MinishardIndex] | None:
+        if shard_form_cache.get(self._cache_key("form", shard)) == _ABSENT:
+            return None
+        wheres = {m: f"{self.shard_name(shard)} minishard {m}" for m in minishards}
+        entries = self._shard_index_entries(shard, minishards, wheres)
+        if entries is None:
+            return None
+        # gzip adds at most a few bytes per 16 KiB block (plus a header) to what it compresses
+        limit = self.max_minishard_bytes + self.max_minishard_bytes // 1024 + 1024
+        out: dict[int, MinishardIndex] = {}
+        fetch = []
+        for m in minishards:
+            start, end = entries[m]
+            if end - start > limit:
+                raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} "
+                                       f"bytes) runs past the end of any minishard index this "
+                                       f"scale can have (at most {limit} bytes)", chunk=wheres[m])
+            if start == end:
+                out[m] = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                                        np.zeros(0, np.int64))
+            else:
+                fetch.append((m, self.index_end + start, self.index_end + end))
+        if fetch:
+            index_fetches["minishard_index"] += len(fetch)
+            raws = self._read_file_ranges(shard, [(a, b) for _, a, b in fetch])
+            if raws is None:
+                return None
+            for (m, a, b), buf in zip(fetch, raws):
+                if len(buf) != b - a:
+                    raise ShardFormatError(f"minishard index [{a}, {b}) lies past the end of the "
+                                           f"file", chunk=wheres[m])
+                if self.spec.minishard_index_encoding == "gzip":
+                    buf = decode_gzip(buf, self.max_minishard_bytes, where=wheres[m],
+                                      what="minishard index")
+                out[m] = parse_minishard_index(buf, self.index_end, file_size=None, where=wheres[m])
+        for m, mi in out.items():
+            minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
+        return out
+
+    def read_chunks(self, shard: int, chunk_ids: np.ndarray, minishards: np.ndarray,
+                    describe) -> list[bytes | None]:
+        """The stored (data_encoding-decoded) bytes of each chunk id in one shard; None = absent.
+        `describe(i)` names chunk i in errors."""
+        out: list[bytes | None] = [None] * len(chunk_ids)
+        want: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        wanted = np.unique(minishards).tolist()
+        indices = self.minishard_indices(shard, wanted)
+        if indices is None:
+            return out
+        for m in wanted:
+            sel = np.nonzero(minishards == m)[0]
+            mi = indices[m]
+            found, starts, ends = mi.lookup(chunk_ids[sel])
+            for j in np.nonzero(found)[0].tolist():
+                s, e = int(starts[j]), int(ends[j])
+                if e - s > self.max_chunk_bytes:
+                    raise ShardFormatError(
+                        f"data [{s}, {e}) ({e - s} bytes) runs past the end of any chunk this "
+                        f"scale can store (at most {self.max_chunk_bytes} bytes)",
+                        chunk=describe(int(sel[j])))
+                want.append(int(sel[j]))
+                ranges.append((s, e))
+        if not want:
+            return out
+        got = self._read_file_ranges(shard, ranges)
+        if got is None:
+            return out
+        limit = self.max_chunk_bytes
+        for i, (s, e), b in zip(want, ranges, got):
+            if len(b) != e - s:
+                raise ShardFormatError(
+                    f"data [{s}, {e}) lies past the end of {self.shard_name(shard)}", chunk=describe(i))
+            if self.spec.data_encoding == "gzip":
+                b = decode_gzip(b, limit, where=describe(i), what="chunk data")
+            out[i] = b
+        return out
+
+
+def forget_cached_indices() -> None:
+    """Drop every cached index and shard form: a writer in this process replaced shard files."""
+    minishard_cache.clear()
+    shard_form_cache.clear()
+
+
+def group_by_shard(shards: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+    for s in np.unique(shards).tolist():
+        yield int(s), np.nonzero(shards == s)[0]

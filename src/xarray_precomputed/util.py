@@ -1,0 +1,173 @@
+"""Small concurrency tools shared by the readers and writers; nothing here knows a format.
+
+- `LRUCache`: a thread-safe cache bounded by the bytes of its values.
+- `single_flight(key)`: threads missing the same cache key at once fetch it once.
+- `cpu_pool()` / `io_pool()`: the process's decode pool and its pool of threads that wait on
+  remote stores (both re-made after a fork).
+- `settle(tasks)` / `wait_all(tasks)`: a failed batch of futures leaves no work running behind it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Iterator
+
+from .errors import StorageError
+
+# Threads of io_pool(): how many remote requests (or request batches) can be in flight at once.
+IO_THREADS = 32
+
+
+class LRUCache:
+    """A thread-safe LRU cache bounded by the total size of its values."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._d: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            v = self._d.get(key)
+            if v is None:
+                return None
+            self._d.move_to_end(key)
+            return v[0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        # Evict first, then add: the total never exceeds the bound, even for a moment.
+        with self._lock:
+            if key in self._d or nbytes > self.max_bytes:
+                return
+            while self._bytes + nbytes > self.max_bytes and self._d:
+                _, (_, nb) = self._d.popitem(last=False)
+                self._bytes -= nb
+            self._d[key] = (value, nbytes)
+            self._bytes += nbytes
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._bytes = 0
+
+
+_inflight_lock = threading.Lock()
+_inflight: dict = {}
+
+
+def inflight_keys() -> int:
+    """How many keys have a fetch in flight or waiting (0 once every fetch has settled)."""
+    with _inflight_lock:
+        return len(_inflight)
+
+
+def _reset_inflight() -> None:
+    # A forked child inherits the entries (and locks) of threads that do not exist in it.
+    global _inflight_lock, _inflight
+    _inflight_lock, _inflight = threading.Lock(), {}
+
+
+os.register_at_fork(after_in_child=_reset_inflight)
+
+
+@contextmanager
+def single_flight(key) -> Iterator[None]:
+    """Held around a cache miss: threads missing the same key at once wait for the first one's
+    fetch (and then find it cached) instead of repeating it. If that fetch fails in storage (the
+    file refused or unreadable as a whole, after retries), the threads already waiting fail with
+    a copy of that error rather than send the request again; later arrivals try afresh. Format
+    errors are not shared: they belong to one index, and a waiter may need another."""
+    with _inflight_lock:
+        entry = _inflight.get(key)
+        if entry is None:
+            entry = _inflight[key] = [threading.Lock(), 0, None]
+        entry[1] += 1
+    try:
+        with entry[0]:
+            if entry[2] is not None:
+                raise copy.copy(entry[2]).with_traceback(None) from None
+            try:
+                yield
+            except StorageError as e:
+                entry[2] = e
+                with _inflight_lock:
+                    if _inflight.get(key) is entry:
+                        del _inflight[key]
+                raise
+    finally:
+        with _inflight_lock:
+            entry[1] -= 1
+            if entry[1] == 0 and _inflight.get(key) is entry:
+                del _inflight[key]
+
+
+class _ForkSafePool:
+    """One ThreadPoolExecutor per process, made on first use (a forked child makes its own)."""
+
+    def __init__(self, workers, prefix: str):
+        self._workers = workers
+        self._prefix = prefix
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._pool, self._pid = None, None
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(max_workers=self._workers(),
+                                                thread_name_prefix=self._prefix)
+                self._pid = os.getpid()
+            return self._pool
+
+
+_cpu = _ForkSafePool(lambda: max(4, 2 * (os.cpu_count() or 2)), "xarray-precomputed")
+_io = _ForkSafePool(lambda: IO_THREADS, "xarray-precomputed-io")
+
+
+def cpu_pool() -> ThreadPoolExecutor:
+    """The decode (and local I/O) pool of this process, shared by every reader."""
+    return _cpu.get()
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """Threads that wait on a remote store (each blocks while the client's event loop does the
+    I/O), so that many requests are in flight whatever the core count; decoding stays on
+    cpu_pool()."""
+    return _io.get()
+
+
+def settle(tasks: list[Future]) -> None:
+    """Cancel the tasks not started and wait for those running, so that a read that fails leaves
+    no work behind: tasks still fetching would go on sending requests, and retrying them, after
+    the caller had its error (and into the next read's request counts)."""
+    for f in tasks:
+        f.cancel()
+    wait(tasks)
+
+
+def wait_all(tasks: list[Future]) -> None:
+    """Wait for every task; the first failure is raised once the rest are settled."""
+    try:
+        wait(tasks, return_when=FIRST_EXCEPTION)
+        for f in tasks:
+            f.result()
+    finally:
+        settle(tasks)

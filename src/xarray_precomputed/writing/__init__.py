@@ -1,0 +1,1 @@
+"""Writing precomputed volumes from xarray input (`to_precomputed`) and downsampling them."""
