@@ -153,9 +153,9 @@ def _default_method(da) -> str:
 def _downsample_da(da, factors, method):
     import xarray as xr
 
-    from .precomputed import _as_scale
+    from .precomputed import as_scale
 
-    sc = _as_scale(da)
+    sc = as_scale(da)
     method = method or _default_method(da)
     chan = [d for d in da.dims if d not in ("x", "y", "z")]
     data = sc.var.data

@@ -527,7 +527,7 @@ class _Scale:
         return np.asarray(sub.values)
 
 
-def _as_scale(obj, *, variable=None, resolution=None, voxel_offset=None) -> _Scale:
+def as_scale(obj, *, variable=None, resolution=None, voxel_offset=None) -> _Scale:
     da, ds_attrs = _pick_variable(obj, variable)
     dims = list(da.dims)
     missing = [d for d in _SPATIAL if d not in dims]
@@ -597,14 +597,14 @@ def _scales_of(obj, *, variable=None, resolution=None, voxel_offset=None) -> lis
                 ds_var = variable
             if not ds.attrs.get("type") and obj.attrs.get("type"):
                 ds.attrs["type"] = obj.attrs["type"]
-            out.append(_as_scale(ds, variable=ds_var))
+            out.append(as_scale(ds, variable=ds_var))
         if not out:
             raise WriterError("the DataTree holds no data variables to write")
         if resolution is not None or voxel_offset is not None:
             raise WriterError("resolution=/voxel_offset= apply to one scale; a DataTree's scales "
                               "take theirs from their coordinates")
         return out
-    return [_as_scale(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)]
+    return [as_scale(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)]
 
 
 # --------------------------------------------------------------------------------- the info
