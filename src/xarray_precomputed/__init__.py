@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 # Writers load on first use: reading needs neither them nor zarr.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample"}
+         "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples"}
 
 
 def __getattr__(name: str):
@@ -40,6 +40,7 @@ def __getattr__(name: str):
 __all__ = [
     "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError", "DependencyError",
     "ExportError", "InfoError", "MissingChunkError", "PermissionDeniedError", "PrecomputedError",
-    "ScaleNotFoundError", "ShardFormatError", "StorageError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
-    "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
+    "ScaleNotFoundError", "ShardFormatError", "StorageError", "WriterError", "ScaleInfo",
+    "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader", "Volume", "open_volume",
+    "__version__", "to_ome_zarr", "to_precomputed", "downsample", "sample_volume", "sample_data",
 ]
