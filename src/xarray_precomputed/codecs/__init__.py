@@ -1,6 +1,8 @@
-"""Chunk codecs: bytes of one stored chunk -> voxels, written straight into the caller's array.
+"""Chunk codecs: per encoding, stored bytes <-> voxels, both directions; one registry.
 
-Every codec has the signature
+`registry.CODECS` is the table of encodings (data types, channel rule, optional package and its
+extra, decoder, encoder where writable, resume plausibility check). The reader gets its decoder
+with `get_decoder(encoding)`, which has the signature
 
     decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
                 stream=False) -> None
@@ -16,48 +18,20 @@ and raise CodecUnavailableError with the install command when the package is mis
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
-from ..errors import CodecUnavailableError, PrecomputedError
+from .registry import (
+    CODECS,
+    Codec,
+    get_codec,
+    register,
+    supported_encodings,
+    writable_encodings,
+)
 
-# encoding name -> (module in this package, extra that installs its dependency or None)
-_CODECS: dict[str, tuple[str, str | None]] = {
-    "raw": ("raw", None),
-    "compressed_segmentation": ("compressed_segmentation", None),
-    "jpeg": ("jpeg", "jpeg"),
-    "png": ("png", "png"),
-    "jxl": ("jxl", "jxl"),
-    "compresso": ("compresso", "compresso"),
-}
-
-_loaded: dict[str, Callable] = {}
-
-
-def register(name: str, module: str, extra: str | None = None) -> None:
-    _CODECS[name] = (module, extra)
-    _loaded.pop(name, None)
+__all__ = ["CODECS", "Codec", "get_codec", "get_decoder", "register", "supported_encodings",
+           "writable_encodings"]
 
 
 def get_decoder(encoding: str) -> Callable:
-    fn = _loaded.get(encoding)
-    if fn is not None:
-        return fn
-    if encoding not in _CODECS:
-        raise PrecomputedError(f"no decoder for encoding {encoding!r}; "
-                               f"supported: {sorted(_CODECS)}")
-    module, extra = _CODECS[encoding]
-    try:
-        mod = importlib.import_module(f"{__name__}.{module}")
-    except ImportError as e:
-        hint = f"pip install 'xarray-precomputed[{extra}]'" if extra else "reinstall xarray-precomputed"
-        raise CodecUnavailableError(
-            f"encoding {encoding!r} needs a package that is not installed ({e}); "
-            f"install it with: {hint}") from None
-    fn = getattr(mod, "decode_chunk_into", None) or mod.decode_into
-    _loaded[encoding] = fn
-    return fn
-
-
-def supported_encodings() -> list[str]:
-    return sorted(_CODECS)
+    return get_codec(encoding).decoder()

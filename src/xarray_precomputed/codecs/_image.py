@@ -32,6 +32,13 @@ def check_channels(found: int, num_channels: int, chunk, what: str) -> None:
             chunk=chunk)
 
 
+def image_of(chunk: np.ndarray) -> np.ndarray:
+    """An (x, y, z, channel) chunk as the (y*z, x, channel) image the format stores: rows are the
+    Fortran [x, y, z] flattening, width x and height y*z as TensorStore writes them."""
+    x, y, z, c = chunk.shape
+    return np.ascontiguousarray(chunk.transpose(2, 1, 0, 3).reshape(z * y, x, c))
+
+
 def place_interleaved(pixels: np.ndarray, out: np.ndarray, chunk_shape, origin) -> None:
     """Copy the voxels `[origin, origin + out.shape[:3])` of a decoded image (pixels in row order,
     channels interleaved; any C-contiguous shape) into `out` (x, y, z, channel)."""

@@ -38,10 +38,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _cseg
 from ..errors import CorruptChunkError, WriterError
+from . import _cseg
 
-__all__ = ["decode", "decode_into", "encode", "encode_channel"]
+__all__ = ["decode", "decode_into", "encode", "encode_channel", "plausible"]
 
 _DTYPES = (np.dtype(np.uint32), np.dtype(np.uint64))
 _DIM_LIMIT = 2**31  # the extension's limit on chunk and block dimensions
@@ -108,14 +108,6 @@ def decode_into(
         _cseg.cseg_decode(data, out, shape, block, org, stream)
     except ValueError as exc:
         raise CorruptChunkError(f"compressed_segmentation: {exc}", chunk=chunk) from None
-
-
-def decode_chunk_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
-                      stream=False) -> None:
-    """`decode_into` with the codec registry's signature (the block size comes from the scale)."""
-    decode_into(data, out, chunk_shape=chunk_shape,
-                block_size=scale.compressed_segmentation_block_size, origin=origin, chunk=chunk,
-                stream=stream)
 
 
 def decode(
@@ -328,3 +320,16 @@ def encode(chunk: np.ndarray, block_size) -> bytes:
         pos += len(s)
     return b"".join([header.astype("<u4").tobytes()] + [s.astype("<u4", copy=False).tobytes()
                                                          for s in streams])
+
+
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+    """The channel offset words at the head: the first is the header's own length (one word per
+    channel) and none points past the object."""
+    if size % 4:
+        return False
+    n = min(num_channels, 16)
+    head = fetch([(0, min(size, 64))])
+    if not head or len(head[0]) < 4 * n:
+        return False
+    words = np.frombuffer(head[0][:4 * n], dtype="<u4")
+    return int(words[0]) == num_channels and bool(np.all(words < size // 4))

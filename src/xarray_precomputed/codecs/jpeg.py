@@ -1,4 +1,4 @@
-"""`jpeg`: one JPEG image per chunk (uint8; 1 or 3 channels), decoded with simplejpeg (libjpeg-turbo).
+"""`jpeg`: one JPEG image per chunk (uint8; 1 or 3 channels), coded with simplejpeg (libjpeg-turbo).
 
 The header is read first: the image's pixel count must equal the chunk's x*y*z and its component
 count the volume's num_channels, or the chunk is refused before any pixel is decoded. Pixels are
@@ -14,7 +14,7 @@ import numpy as np
 import simplejpeg
 
 from ..errors import CorruptChunkError
-from ._image import check_channels, check_image_size, place_interleaved
+from ._image import check_channels, check_image_size, image_of, place_interleaved
 
 # libjpeg colour spaces (as simplejpeg names them) -> number of components
 _COMPONENTS = {"Gray": 1, "YCbCr": 3, "RGB": 3, "CMYK": 4, "YCCK": 4}
@@ -40,3 +40,19 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     except Exception as e:
         raise CorruptChunkError(f"corrupt JPEG image ({e})", chunk=chunk) from None
     place_interleaved(pixels, out, chunk_shape, origin)
+
+
+def encode(chunk: np.ndarray, jpeg_quality: int = 75) -> bytes:
+    """Grey for one channel, RGB without chroma subsampling for three (subsampling would blur
+    one channel into its neighbours)."""
+    img = image_of(np.asarray(chunk))
+    if img.shape[2] == 1:
+        return simplejpeg.encode_jpeg(img, int(jpeg_quality), colorspace="GRAY",
+                                      colorsubsampling="Gray")
+    return simplejpeg.encode_jpeg(img, int(jpeg_quality), colorspace="RGB",
+                                  colorsubsampling="444")
+
+
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+    head = fetch([(0, min(size, 2))])
+    return bool(head) and head[0][:2] == b"\xff\xd8"

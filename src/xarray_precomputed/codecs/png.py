@@ -1,4 +1,4 @@
-"""`png`: one PNG image per chunk (uint8 or uint16; 1-4 channels), decoded with imagecodecs (libpng).
+"""`png`: one PNG image per chunk (uint8 or uint16; 1-4 channels), coded with imagecodecs (libpng).
 
 The IHDR header is read first (it sits at a fixed place): the pixel count must equal the chunk's
 x*y*z, the sample depth the volume's data type (8 bits for uint8, 16 for uint16) and the colour
@@ -10,13 +10,14 @@ raises rather than decoding to garbage.
 
 from __future__ import annotations
 
+import math
 import struct
 
 import imagecodecs
 import numpy as np
 
 from ..errors import CorruptChunkError
-from ._image import check_channels, check_image_size, place_interleaved
+from ._image import check_channels, check_image_size, image_of, place_interleaved
 
 if not imagecodecs.PNG.available:  # a build without libpng: report it as a missing package
     raise ImportError("this imagecodecs build has no PNG codec")
@@ -66,3 +67,20 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     except Exception as e:  # PngError, and ValueError/UnicodeDecodeError on some damaged input
         raise CorruptChunkError(f"corrupt PNG image ({type(e).__name__}: {e})", chunk=chunk) from None
     place_interleaved(pixels, out, chunk_shape, origin)
+
+
+def encode(chunk: np.ndarray, png_level: int = 6) -> bytes:
+    img = image_of(np.asarray(chunk))
+    return bytes(imagecodecs.png_encode(img[..., 0] if img.shape[2] == 1 else img,
+                                        level=int(png_level)))
+
+
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+    head = fetch([(0, min(size, 64))])
+    if not head:
+        return False
+    try:
+        width, height, _, _ = read_header(head[0])
+    except ValueError:
+        return False
+    return width * height == math.prod(chunk_shape)

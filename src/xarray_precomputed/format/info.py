@@ -12,19 +12,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..codecs.registry import CODECS
 from ..errors import InfoError, PrecomputedError, ScaleNotFoundError
 
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
-
-# encoding -> (allowed data types or None for any, allowed channel counts or None for any)
-ENCODING_RULES: dict[str, tuple[tuple[str, ...] | None, tuple[int, ...] | None]] = {
-    "raw": (None, None),
-    "jpeg": (("uint8",), (1, 3)),
-    "png": (("uint8", "uint16"), (1, 2, 3, 4)),
-    "compressed_segmentation": (("uint32", "uint64"), None),
-    "jxl": (("uint8",), (1, 3, 4)),
-    "compresso": (("uint8", "uint16", "uint32", "uint64"), (1,)),
-}
 
 # Writers that omit compressed_segmentation_block_size (the male CNS export info does) all used
 # this block size; TensorStore also creates new volumes with it.
@@ -271,15 +262,15 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
                             f"{MAX_CHUNK_BYTES}-byte limit", field="chunk_sizes", scale=name)
 
     encoding = obj.get("encoding")
-    if not isinstance(encoding, str) or encoding not in ENCODING_RULES:
-        raise InfoError(f"unknown encoding {encoding!r}; known: {sorted(ENCODING_RULES)}",
+    codec = CODECS.get(encoding) if isinstance(encoding, str) else None
+    if codec is None:
+        raise InfoError(f"unknown encoding {encoding!r}; known: {sorted(CODECS)}",
                         field="encoding", scale=name)
-    types, channels = ENCODING_RULES[encoding]
-    if types is not None and data_type not in types:
-        raise InfoError(f"encoding {encoding!r} needs data_type in {list(types)}, got {data_type!r}",
-                        field="encoding", scale=name)
-    if channels is not None and num_channels not in channels:
-        raise InfoError(f"encoding {encoding!r} needs num_channels in {list(channels)}, "
+    if codec.data_types is not None and data_type not in codec.data_types:
+        raise InfoError(f"encoding {encoding!r} needs data_type in {list(codec.data_types)}, "
+                        f"got {data_type!r}", field="encoding", scale=name)
+    if codec.channels is not None and num_channels not in codec.channels:
+        raise InfoError(f"encoding {encoding!r} needs num_channels in {list(codec.channels)}, "
                         f"got {num_channels}", field="encoding", scale=name)
 
     extra = {k: v for k, v in obj.items() if k not in _SCALE_MEMBERS}

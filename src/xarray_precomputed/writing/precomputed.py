@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,8 +37,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..codecs import get_codec, writable_encodings
 from ..errors import PrecomputedError, WriterError
-from ..format.info import DATA_TYPES, ENCODING_RULES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
+from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box, shard_filename, shard_index_bytes
 from ..reading.shard_reader import forget_cached_indices
@@ -48,7 +48,7 @@ from ..storage import TEMP_MARKER, LocalStore, open_store, strip_scheme_prefix
 __all__ = ["to_precomputed", "choose_sharding", "encode_chunk", "build_shard", "WriterError",
            "WRITABLE_ENCODINGS"]
 
-WRITABLE_ENCODINGS = ("raw", "compressed_segmentation", "jpeg", "png")
+WRITABLE_ENCODINGS = tuple(writable_encodings())
 DEFAULT_CHUNK_SIZE = (64, 64, 64)
 DEFAULT_BLOCK_SIZE = (8, 8, 8)
 # sharding="auto": uncompressed bytes per shard the choice aims at (TensorStore's
@@ -147,57 +147,10 @@ def build_shard(chunk_ids, blobs: Sequence[bytes], spec: ShardingSpec, *,
 def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
                  jpeg_quality: int = 75, png_level: int = 6) -> bytes:
     """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes."""
-    chunk = np.asarray(chunk)
-    if encoding == "raw":
-        return _fortran_bytes(chunk)
-    if encoding == "compressed_segmentation":
-        from ..codecs.compressed_segmentation import encode
-
-        return encode(chunk, block_size)
-    x, y, z, c = chunk.shape
-    # rows of the image are the Fortran [x, y, z] flattening: width x, height y*z
-    img = np.ascontiguousarray(chunk.transpose(2, 1, 0, 3).reshape(z * y, x, c))
-    if encoding == "jpeg":
-        try:
-            import simplejpeg
-        except ImportError as e:
-            raise WriterError(f"jpeg encoding needs simplejpeg ({e}); install it with: "
-                              "pip install 'xarray-precomputed[jpeg]'") from None
-        if c == 1:
-            return simplejpeg.encode_jpeg(img, int(jpeg_quality), colorspace="GRAY",
-                                          colorsubsampling="Gray")
-        return simplejpeg.encode_jpeg(img, int(jpeg_quality), colorspace="RGB",
-                                      colorsubsampling="444")
-    if encoding == "png":
-        try:
-            import imagecodecs
-        except ImportError as e:
-            raise WriterError(f"png encoding needs imagecodecs ({e}); install it with: "
-                              "pip install 'xarray-precomputed[png]'") from None
-        return bytes(imagecodecs.png_encode(img[..., 0] if c == 1 else img, level=int(png_level)))
-    raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
-
-
-def _fortran_bytes(chunk: np.ndarray) -> bytes:
-    """Little-endian Fortran-order bytes of an (x, y, z, channel) array. A C-ordered (x, y, z)
-    channel is, in memory, a Fortran-ordered (z, y, x) array: the tiled C transpose of the
-    reader (`codecs.raw.copy_fortran_chunk`) turns it around ~4x faster than numpy's element-wise
-    copy."""
-    dt = chunk.dtype
-    if sys.byteorder != "little" or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0:
-        return chunk.astype(dt.newbyteorder("<"), copy=False).tobytes(order="F")
-    from ..codecs.raw import copy_fortran_chunk
-
-    x, y, z, c = chunk.shape
-    n = x * y * z
-    out = np.empty(n * c, dtype=dt)
-    it = dt.itemsize
-    for ch in range(c):
-        src = np.ascontiguousarray(chunk[..., ch])
-        dst = np.lib.stride_tricks.as_strided(out[ch * n:], shape=(z, y, x, 1),
-                                              strides=(x * y * it, x * it, it, n * it))
-        copy_fortran_chunk(memoryview(src).cast("B"), dst, (z, y, x), (0, 0, 0))
-    return out.tobytes()
+    if encoding not in WRITABLE_ENCODINGS:
+        raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
+    return get_codec(encoding).encode(np.asarray(chunk), block_size=block_size,
+                                      jpeg_quality=jpeg_quality, png_level=png_level)
 
 
 # ------------------------------------------------------------------------------ a scale to write
@@ -332,35 +285,13 @@ def _task_unsharded(block: np.ndarray, tgt: _Target, origin, cells, skip) -> int
 # --------------------------------------------------------------------------------- resume checks
 
 def _valid_unsharded(tgt: _Target, name: str, size: int) -> bool:
-    if size <= 0:
-        return False
     cell = _cell_of_name(tgt, name)
     if cell is None:
         return False
-    shape = [b.stop - b.start for b in tgt.cell_box(cell)]
-    if tgt.encoding == "raw":
-        return size == math.prod(shape) * tgt.num_channels * np.dtype(tgt.dtype).itemsize
-    head = tgt.store.read_ranges(tgt.key(name), [(0, min(size, 64))])
-    if not head:
-        return False
-    head = head[0]
-    if tgt.encoding == "compressed_segmentation":
-        nc = tgt.num_channels
-        if size % 4 or len(head) < 4 * min(nc, 16):
-            return False
-        words = np.frombuffer(head[:4 * min(nc, 16)], dtype="<u4")
-        return int(words[0]) == nc and bool(np.all(words < size // 4))
-    if tgt.encoding == "png":
-        from ..codecs.png import read_header
-
-        try:
-            w, h, _, _ = read_header(head)
-        except ValueError:
-            return False
-        return w * h == math.prod(shape)
-    if tgt.encoding == "jpeg":
-        return head[:2] == b"\xff\xd8"
-    return False
+    return get_codec(tgt.encoding).plausible(
+        lambda ranges: tgt.store.read_ranges(tgt.key(name), ranges), size,
+        chunk_shape=[b.stop - b.start for b in tgt.cell_box(cell)], dtype=tgt.dtype,
+        num_channels=tgt.num_channels)
 
 
 def _cell_of_name(tgt: _Target, name: str):
@@ -644,7 +575,7 @@ def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding
     if encoding not in WRITABLE_ENCODINGS:
         raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
     if not _encoding_fits(encoding, dt, sc.num_channels):
-        types, chans = ENCODING_RULES[encoding]
+        types, chans = get_codec(encoding).data_types, get_codec(encoding).channels
         raise WriterError(f"encoding {encoding!r} stores data types {list(types or DATA_TYPES)} with "
                           f"{list(chans) if chans else 'any number of'} channels; the data is "
                           f"{dt} with {sc.num_channels} channel(s)")
@@ -702,8 +633,7 @@ def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding
 
 
 def _encoding_fits(encoding, dt, nc) -> bool:
-    types, chans = ENCODING_RULES.get(encoding, ((), ()))
-    return (types is None or dt in types) and (chans is None or nc in chans)
+    return encoding in WRITABLE_ENCODINGS and get_codec(encoding).fits(dt, nc)
 
 
 def _same_scale(a: dict, b: dict) -> bool:
