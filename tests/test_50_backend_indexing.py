@@ -357,19 +357,22 @@ def test_coordinates_and_metadata(volumes, volume, scale):
         assert c.dims == (name,)
     np.testing.assert_array_equal(ds.coords["channel"].values, np.arange(3))
 
-    a = da.attrs
-    assert a["key"] == s["key"]
+    # meaning in attrs, storage in encoding
+    a, e = da.attrs, da.encoding
+    assert set(a) == {"type", "resolution", "voxel_offset"}
+    assert a["type"] == vtype
     assert list(a["resolution"]) == s["resolution"]
     assert list(a["voxel_offset"]) == s["voxel_offset"]
-    assert a["encoding"] == enc
-    assert list(a["chunk_size"]) == s["chunk_sizes"][0]
+    assert e["scale_key"] == s["key"] and e["scale_index"] == scale
+    assert e["precomputed_encoding"] == enc
+    assert list(e["chunk_size"]) == s["chunk_sizes"][0]
+    assert list(e["size"]) == s["size"]
+    assert e["source"] == str(path)
     if sharding is None:
-        assert not a["sharding"]
+        assert e["sharding"] is None
     else:
-        sh = a["sharding"]
-        sh = json.loads(sh) if isinstance(sh, str) else sh
         for k, v in s["sharding"].items():
-            assert sh[k] == v, (k, sh)
+            assert e["sharding"][k] == v, (k, e["sharding"])
     assert da.encoding["preferred_chunks"] == {"x": s["chunk_sizes"][0][0],
                                               "y": s["chunk_sizes"][0][1],
                                               "z": s["chunk_sizes"][0][2], "channel": 3}
@@ -412,7 +415,7 @@ def test_scale_selection(volumes, which, index):
     path, truth, _ = volumes["raw_sharded"]
     ds = xr.open_dataset(path, engine="precomputed", scale=which)
     info = json.loads((path / "info").read_text())
-    assert info["scales"][index]["key"] == ds["image"].attrs["key"]
+    assert info["scales"][index]["key"] == ds["image"].encoding["scale_key"]
     np.testing.assert_array_equal(ds["image"].values, truth[index])
 
 

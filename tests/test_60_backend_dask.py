@@ -164,7 +164,7 @@ def test_open_datatree_every_scale(seg, chunks):
         node = tree[f"s{k}"]
         da = node["segmentation"]
         assert da.dims == ("x", "y", "z", "channel")
-        assert da.attrs["key"] == s["key"]
+        assert da.encoding["scale_key"] == s["key"]
         if chunks is not None:
             assert isinstance(da.data, dask.array.Array)
             assert da.chunks[0][0] == s["chunk_sizes"][0][0]
@@ -370,7 +370,7 @@ def test_mcns_tree(mcns):
     for k, s in enumerate(info["scales"]):
         node = tree[f"s{k}"]
         assert node["segmentation"].shape == (*s["size"], 1)
-        assert node["segmentation"].attrs["key"] == s["key"]
+        assert node["segmentation"].encoding["scale_key"] == s["key"]
         np.testing.assert_allclose(node["x"].values[[0, -1]],
                                    (np.array([0, s["size"][0] - 1]) + 0.5) * s["resolution"][0])
     # the physical extent of BOX at 512 nm holds one voxel centre per axis: (734, 611, 1050)

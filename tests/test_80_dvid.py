@@ -614,9 +614,10 @@ def test_open_dataset_conventions(info_doc, real_cells):
         assert var.dims == ("x", "y", "z", "channel") and var.dtype == np.uint64
         assert var.shape == (47044, 39159, 67288, 1)
     assert ds.x.attrs["units"] == "nm" and float(ds.x[0]) == 8.0 and float(ds.z[10]) == 168.0
-    assert var.attrs["key"] == "16x16x16" and var.attrs["scale_index"] == 1
-    assert var.attrs["labels"] == "agglomerated" and var.attrs["encoding"] == "dvid_compressed_block"
-    assert json.loads(var.attrs["sharding"])["hash"] == "identity"
+    assert var.encoding["scale_key"] == "16x16x16" and var.encoding["scale_index"] == 1
+    assert var.attrs["labels"] == "agglomerated"
+    assert var.encoding["precomputed_encoding"] == "dvid_compressed_block"
+    assert var.encoding["sharding"]["hash"] == "identity"
     assert var.encoding["preferred_chunks"] == {"x": 64, "y": 64, "z": 64, "channel": 1}
     ds2 = xr.open_dataset(EXPORT, engine="dvid_arrow", info=INFO, scale="16x16x16", labels="supervoxels")
     cell = real_cells[7]

@@ -5,12 +5,14 @@ engine="precomputed")` the xarray front door (see backends/).
 """
 
 from .errors import (
+    ArgumentError,
     BoundsError,
     ChunkError,
     CodecUnavailableError,
     CorruptChunkError,
     DependencyError,
     ExportError,
+    HugeGraphWarning,
     InfoError,
     MissingChunkError,
     PermissionDeniedError,
@@ -38,9 +40,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError", "DependencyError",
-    "ExportError", "InfoError", "MissingChunkError", "PermissionDeniedError", "PrecomputedError",
-    "ScaleNotFoundError", "ShardFormatError", "StorageError", "WriterError", "ScaleInfo",
-    "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader", "Volume", "open_volume",
-    "__version__", "to_ome_zarr", "to_precomputed", "downsample", "sample_volume", "sample_data",
+    "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
+    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
+    "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
+    "StorageError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
+    "ScaleReader", "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed",
+    "downsample", "sample_volume", "sample_data",
 ]

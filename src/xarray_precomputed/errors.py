@@ -85,3 +85,11 @@ class WriterError(PrecomputedError, ValueError):
 
 class ExportError(PrecomputedError, ValueError):
     """An export cannot proceed: bad arguments, an incompatible existing destination."""
+
+
+class ArgumentError(PrecomputedError, TypeError):
+    """An argument has a type or value the function cannot take (names the argument)."""
+
+
+class HugeGraphWarning(UserWarning):
+    """Opening with these chunks would give dask more tasks than it handles well."""

@@ -4,8 +4,8 @@
                     labels="agglomerated")   # or labels="supervoxels"
     xr.open_datatree(export_dir, engine="dvid_arrow", info=...)   # /s<k> for each scale present
 
-Datasets are built by `backend.scale_dataset`, so dims, coordinates and attrs follow engine
-"precomputed"; only the attrs that describe storage differ.
+Datasets are built by `backends.precomputed.scale_dataset`, so dims, coordinates, attrs and
+encoding follow engine "precomputed"; only the encoding (how it is stored) differs.
 """
 
 from __future__ import annotations
@@ -18,6 +18,16 @@ import xarray as xr
 from xarray.backends import BackendEntrypoint
 
 from ..storage import is_local, open_store, strip_scheme_prefix
+from .conventions import (
+    DECODER_ARGS,
+    check_bool,
+    check_options,
+    drop,
+    pick_scale,
+    scale_of_group,
+    subtree,
+    warn_if_huge,
+)
 
 # The reader (and pyarrow behind it) is imported on first open, not when xarray lists its engines.
 
@@ -67,62 +77,90 @@ def dvid_dataset(reader) -> xr.Dataset:
 
     ds = scale_dataset(reader)
     var = ds[reader.info.type]
-    var.attrs.pop("compressed_segmentation_block_size", None)
-    var.attrs["encoding"] = "dvid_compressed_block"
-    var.attrs["info_encoding"] = reader.scale_info.encoding
     var.attrs["labels"] = reader.labels
-    var.attrs["format"] = "dvid_arrow_shards"
+    enc = var.encoding
+    enc.pop("compressed_segmentation_block_size", None)
+    enc["precomputed_encoding"] = "dvid_compressed_block"
+    enc["info_encoding"] = reader.scale_info.encoding
+    enc["format"] = "dvid_arrow_shards"
     ds.attrs["labels"] = reader.labels
-    ds.attrs["format"] = "dvid_arrow_shards"
+    ds.encoding["format"] = "dvid_arrow_shards"
     return ds
 
 
 class DvidArrowBackendEntrypoint(BackendEntrypoint):
     description = "DVID export-shards directories (Arrow IPC shards of DVID label blocks)"
     url = "https://github.com/janelia-flyem/dvid"
-    open_dataset_parameters = ("filename_or_obj", "info", "scale", "labels", "fill_missing",
-                               "storage_options", "drop_variables")
+    supports_groups = True
+    open_dataset_parameters = ("filename_or_obj", "info", "scale", "group", "labels",
+                               "fill_missing", "storage_options", "drop_variables", *DECODER_ARGS)
 
-    def open_dataset(self, filename_or_obj, *, info: Any = None, scale: Any = 0,
-                     labels: str = "agglomerated", fill_missing: bool = True,
-                     storage_options: dict | None = None,
-                     drop_variables: Iterable[str] | None = None) -> xr.Dataset:
-        from ..dvid.reader import DvidScaleReader
-
-        reader = DvidScaleReader.open(os.fspath(filename_or_obj), info, scale, labels=labels,
-                                      fill_missing=fill_missing, storage_options=storage_options)
-        ds = dvid_dataset(reader)
-        if drop_variables:
-            ds = ds.drop_vars([v for v in drop_variables if v in ds.variables])
-        return ds
-
-    def open_groups_as_dict(self, filename_or_obj, *, info: Any = None,
-                            labels: str = "agglomerated", fill_missing: bool = True,
-                            storage_options: dict | None = None,
-                            drop_variables: Iterable[str] | None = None,
-                            **_: Any) -> dict[str, xr.Dataset]:
+    def open_dataset(self, filename_or_obj, *, info: Any = None, scale: Any = None,
+                     group: str | None = None, labels: str = "agglomerated",
+                     fill_missing: bool = True, storage_options: dict | None = None,
+                     drop_variables: str | Iterable[str] | None = None,
+                     mask_and_scale: Any = None, decode_times: Any = None,
+                     decode_timedelta: Any = None, use_cftime: Any = None,
+                     concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
+        """One scale of the export: `scale=` an index, key or resolution, or `group="s<k>"`.
+        The decoding arguments are accepted for xarray's sake and change nothing."""
         from ..dvid.reader import DvidScaleReader, load_info
 
+        fill_missing = check_bool("fill_missing", fill_missing)
+        storage_options = check_options(storage_options)
+        vi = load_info(info, storage_options=storage_options)
+        which = pick_scale(scale, group, len(vi.scales))
+        reader = DvidScaleReader.open(os.fspath(filename_or_obj), vi, which, labels=labels,
+                                      fill_missing=fill_missing, storage_options=storage_options)
+        ds = drop(dvid_dataset(reader), drop_variables)
+        warn_if_huge([ds])
+        return ds
+
+    def open_groups_as_dict(self, filename_or_obj, *, info: Any = None, group: str | None = None,
+                            labels: str = "agglomerated", fill_missing: bool = True,
+                            storage_options: dict | None = None,
+                            drop_variables: str | Iterable[str] | None = None,
+                            mask_and_scale: Any = None, decode_times: Any = None,
+                            decode_timedelta: Any = None, use_cftime: Any = None,
+                            concat_characters: Any = None,
+                            decode_coords: Any = None) -> dict[str, xr.Dataset]:
+        """The root `/` and a group `/s<k>` per scale present in the export; `group=` re-roots."""
+        from ..dvid.reader import DvidScaleReader, load_info
+
+        fill_missing = check_bool("fill_missing", fill_missing)
+        storage_options = check_options(storage_options)
         url = strip_scheme_prefix(os.fspath(filename_or_obj))
         vi = load_info(info, storage_options=storage_options)
         scales = present_scales(url, len(vi.scales), storage_options)
         root = xr.Dataset(attrs={
-            "source": url, "type": vi.type, "data_type": vi.data_type,
-            "num_channels": vi.num_channels, "labels": labels, "format": "dvid_arrow_shards",
+            "type": vi.type, "data_type": vi.data_type,
+            "num_channels": vi.num_channels, "labels": labels,
             "scales": [vi.scales[k].key for k in scales],
         })
+        root.encoding = {"source": url, "format": "dvid_arrow_shards"}
         groups = {"/": root}
+        wanted = None if group in (None, "", "/") else \
+            scale_of_group(group, len(vi.scales), "export")
         for k in scales:
+            if wanted is not None and k != wanted:
+                continue
             reader = DvidScaleReader(url, vi, vi.scales[k], labels=labels,
                                      fill_missing=fill_missing, storage_options=storage_options)
-            ds = dvid_dataset(reader)
-            if drop_variables:
-                ds = ds.drop_vars([v for v in drop_variables if v in ds.variables])
-            groups[f"/s{k}"] = ds
+            groups[f"/s{k}"] = drop(dvid_dataset(reader), drop_variables)
+        groups = subtree(groups, group)
+        warn_if_huge(groups.values())
         return groups
 
-    def open_datatree(self, filename_or_obj, **kwargs: Any) -> xr.DataTree:
-        return xr.DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
+    def open_datatree(self, filename_or_obj, *, info: Any = None, group: str | None = None,
+                      labels: str = "agglomerated", fill_missing: bool = True,
+                      storage_options: dict | None = None,
+                      drop_variables: str | Iterable[str] | None = None,
+                      mask_and_scale: Any = None, decode_times: Any = None,
+                      decode_timedelta: Any = None, use_cftime: Any = None,
+                      concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
+        return xr.DataTree.from_dict(self.open_groups_as_dict(
+            filename_or_obj, info=info, group=group, labels=labels, fill_missing=fill_missing,
+            storage_options=storage_options, drop_variables=drop_variables))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

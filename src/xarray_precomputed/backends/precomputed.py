@@ -13,7 +13,18 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
+from ..errors import ArgumentError
 from ..reading.volume import ScaleReader, Volume
+from .conventions import (
+    DECODER_ARGS,
+    check_bool,
+    check_options,
+    drop,
+    pick_scale,
+    scale_of_group,
+    subtree,
+    warn_if_huge,
+)
 
 DIMS = ("x", "y", "z", "channel")
 
@@ -75,29 +86,40 @@ def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
 
 
 def scale_dataset(reader: ScaleReader) -> xr.Dataset:
+    """One scale as a Dataset. What the data means (volume type, resolution, voxel offset) goes to
+    `.attrs`; how it is stored (encoding, chunking, sharding, where) to `.encoding`, which xarray's
+    writers do not copy into the files they write."""
     info, scale = reader.info, reader.scale_info
     attrs: dict[str, Any] = {
-        "key": scale.key,
-        "scale_index": scale.index,
+        "type": info.type,
         "resolution": list(scale.resolution),
         "voxel_offset": list(scale.voxel_offset),
-        "size": list(scale.size),
-        "encoding": scale.encoding,
-        "chunk_size": list(reader.chunk_size),
-        "data_type": info.data_type,
-        "source": reader.url,
     }
-    if scale.compressed_segmentation_block_size is not None:
-        attrs["compressed_segmentation_block_size"] = list(scale.compressed_segmentation_block_size)
-    # JSON text, so the attribute survives netCDF/Zarr serialisation.
-    attrs["sharding"] = json.dumps(scale.sharding.to_json()) if scale.sharding else ""
     data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader))
     var = xr.Variable(DIMS, data, attrs)
-    var.encoding["preferred_chunks"] = dict(zip(DIMS, (*reader.chunk_size, info.num_channels)))
-    var.encoding["dtype"] = reader.dtype
+    var.encoding.update(storage_encoding(reader))
     ds = xr.Dataset({info.type: var}, coords=_coords(scale, info.num_channels))
-    ds.attrs = {"source": reader.url, "type": info.type, "scale_key": scale.key}
+    ds.attrs = {"type": info.type}
+    ds.encoding = {"source": reader.url, "scale_key": scale.key}
     return ds
+
+
+def storage_encoding(reader: ScaleReader) -> dict[str, Any]:
+    info, scale = reader.info, reader.scale_info
+    enc: dict[str, Any] = {
+        "preferred_chunks": dict(zip(DIMS, (*reader.chunk_size, info.num_channels))),
+        "dtype": reader.dtype,
+        "source": reader.url,
+        "scale_key": scale.key,
+        "scale_index": scale.index,
+        "size": list(scale.size),
+        "precomputed_encoding": scale.encoding,
+        "chunk_size": list(reader.chunk_size),
+        "sharding": scale.sharding.to_json() if scale.sharding else None,
+    }
+    if scale.compressed_segmentation_block_size is not None:
+        enc["compressed_segmentation_block_size"] = list(scale.compressed_segmentation_block_size)
+    return enc
 
 
 def _looks_like_volume_dir(path: str) -> bool:
@@ -113,42 +135,73 @@ def _looks_like_volume_dir(path: str) -> bool:
     return isinstance(doc, dict) and "scales" in doc and "data_type" in doc
 
 
+def _open_volume(filename_or_obj, fill_missing, storage_options, info) -> Volume:
+    return Volume.open(os.fspath(filename_or_obj), info=info,
+                       storage_options=check_options(storage_options),
+                       fill_missing=check_bool("fill_missing", fill_missing))
+
+
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
     description = "Neuroglancer precomputed volumes (sharded and unsharded)"
     url = "https://github.com/google/neuroglancer/tree/master/src/datasource/precomputed"
-    open_dataset_parameters = ("filename_or_obj", "scale", "fill_missing", "storage_options",
-                               "chunk_size_index", "drop_variables")
+    supports_groups = True
+    open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
+                               "storage_options", "chunk_size_index", "info", "drop_variables",
+                               *DECODER_ARGS)
 
-    def open_dataset(self, filename_or_obj, *, scale: Any = 0, fill_missing: bool = True,
-                     storage_options: dict | None = None, chunk_size_index: int = 0,
-                     drop_variables: Iterable[str] | None = None, info: Any = None) -> xr.Dataset:
-        vol = Volume.open(os.fspath(filename_or_obj), storage_options=storage_options,
-                          fill_missing=fill_missing, info=info)
-        ds = scale_dataset(vol.scale(scale, chunk_size_index=chunk_size_index))
-        if drop_variables:
-            ds = ds.drop_vars([v for v in drop_variables if v in ds.variables])
+    def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
+                     fill_missing: bool = True, storage_options: dict | None = None,
+                     chunk_size_index: int = 0, info: Any = None,
+                     drop_variables: str | Iterable[str] | None = None,
+                     mask_and_scale: Any = None, decode_times: Any = None,
+                     decode_timedelta: Any = None, use_cftime: Any = None,
+                     concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
+        """One scale: `scale=` an index, key or resolution, or `group="s<k>"` (default scale 0).
+        The decoding arguments are accepted for xarray's sake and change nothing."""
+        if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
+            raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
+        which = pick_scale(scale, group, len(vol.info.scales))
+        ds = drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index))),
+                  drop_variables)
+        warn_if_huge([ds])
         return ds
 
-    def open_groups_as_dict(self, filename_or_obj, *, fill_missing: bool = True,
-                            storage_options: dict | None = None, info: Any = None,
-                            drop_variables: Iterable[str] | None = None, **_: Any) -> dict[str, xr.Dataset]:
-        vol = Volume.open(os.fspath(filename_or_obj), storage_options=storage_options,
-                          fill_missing=fill_missing, info=info)
+    def open_groups_as_dict(self, filename_or_obj, *, group: str | None = None,
+                            fill_missing: bool = True, storage_options: dict | None = None,
+                            info: Any = None, drop_variables: str | Iterable[str] | None = None,
+                            mask_and_scale: Any = None, decode_times: Any = None,
+                            decode_timedelta: Any = None, use_cftime: Any = None,
+                            concat_characters: Any = None,
+                            decode_coords: Any = None) -> dict[str, xr.Dataset]:
+        """The root `/` (volume-wide attrs) and one group `/s<k>` per scale; `group=` re-roots the
+        tree there, as xarray defines it."""
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
         root = xr.Dataset(attrs={
-            "source": vol.url, "type": vol.info.type, "data_type": vol.info.data_type,
+            "type": vol.info.type, "data_type": vol.info.data_type,
             "num_channels": vol.info.num_channels,
             "scales": [s.key for s in vol.info.scales],
         })
+        root.encoding = {"source": vol.url}
         groups = {"/": root}
+        wanted = None if group in (None, "", "/") else \
+            scale_of_group(group, len(vol.info.scales))
         for s in vol.info.scales:
-            ds = scale_dataset(vol.scale(s.index))
-            if drop_variables:
-                ds = ds.drop_vars([v for v in drop_variables if v in ds.variables])
-            groups[f"/s{s.index}"] = ds
+            if wanted is None or s.index == wanted:
+                groups[f"/s{s.index}"] = drop(scale_dataset(vol.scale(s.index)), drop_variables)
+        groups = subtree(groups, group)
+        warn_if_huge(groups.values())
         return groups
 
-    def open_datatree(self, filename_or_obj, **kwargs: Any) -> xr.DataTree:
-        return xr.DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
+    def open_datatree(self, filename_or_obj, *, group: str | None = None,
+                      fill_missing: bool = True, storage_options: dict | None = None,
+                      info: Any = None, drop_variables: str | Iterable[str] | None = None,
+                      mask_and_scale: Any = None, decode_times: Any = None,
+                      decode_timedelta: Any = None, use_cftime: Any = None,
+                      concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
+        return xr.DataTree.from_dict(self.open_groups_as_dict(
+            filename_or_obj, group=group, fill_missing=fill_missing,
+            storage_options=storage_options, info=info, drop_variables=drop_variables))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

@@ -225,7 +225,7 @@ def _axis_geometry(ds: xr.Dataset, var: xr.Variable, axis: int) -> tuple[float, 
 
 
 def _chunk_of(var: xr.Variable, shape_xyz) -> tuple[int, int, int]:
-    cs = var.attrs.get("chunk_size")
+    cs = var.encoding.get("chunk_size")
     if cs is not None and len(cs) == 3:
         return tuple(int(c) for c in cs)  # type: ignore[return-value]
     pref = var.encoding.get("preferred_chunks") or {}
@@ -262,19 +262,18 @@ def _scale_from_dataset(ds: xr.Dataset, name: str, *, variable: str | None,
                               f"multiples of the chunk size {list(chunk)}")
         shard = tuple(min(s, g * c) for s, g, c in zip(shard, grid, chunk))
     else:
-        sharding_text = var.attrs.get("sharding") or ""
-        sharding = json.loads(sharding_text) if isinstance(sharding_text, str) and sharding_text \
-            else (sharding_text if isinstance(sharding_text, dict) else None)
-        full_size = var.attrs.get("size") or shape_xyz
+        spec = var.encoding.get("sharding")
+        sharding = spec if isinstance(spec, dict) else None
+        full_size = var.encoding.get("size") or shape_xyz
         box = _source_shard_box(sharding, full_size, chunk)
         shard = plan_shard(chunk, grid, box, voxel_bytes, max_shard_bytes)
-    src = var.attrs.get("source") or ds.attrs.get("source")
+    src = var.encoding.get("source") or ds.encoding.get("source")
     if isinstance(src, str) and src and "://" not in src:
         src = os.path.abspath(src)   # the same volume, whatever the working directory
     source = {
         "source": src,
-        "key": var.attrs.get("key"),
-        "encoding": var.attrs.get("encoding"),
+        "key": var.encoding.get("scale_key"),
+        "encoding": var.encoding.get("precomputed_encoding"),
         "labels": var.attrs.get("labels"),
         "variable": vname,
         "translation_nm": [g[1] for g in geom],
@@ -285,14 +284,14 @@ def _scale_from_dataset(ds: xr.Dataset, name: str, *, variable: str | None,
 
 
 def scale_matches(which: int | str, name: str, ds: xr.Dataset, var_name: str | None) -> bool:
-    attrs = dict(ds.attrs)
+    stored = dict(ds.encoding)
     try:
-        attrs.update(ds[_pick_variable(ds, var_name)].attrs)
+        stored.update(ds[_pick_variable(ds, var_name)].encoding)
     except ExportError:
         pass
     if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
-        return name == f"s{int(which)}" or attrs.get("scale_index") == int(which)
-    return which in (name, attrs.get("key"), attrs.get("scale_key"))
+        return name == f"s{int(which)}" or stored.get("scale_index") == int(which)
+    return which in (name, stored.get("scale_key"))
 
 
 def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> list[_Scale]:
@@ -302,10 +301,10 @@ def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> lis
     if isinstance(obj, xr.DataArray):
         obj = obj.to_dataset(name=obj.name or "data")
     if isinstance(obj, xr.Dataset):
-        idx = obj.attrs.get("scale_index")
+        idx = obj.encoding.get("scale_index")
         if idx is None and obj.data_vars:
             try:
-                idx = obj[_pick_variable(obj, variable)].attrs.get("scale_index")
+                idx = obj[_pick_variable(obj, variable)].encoding.get("scale_index")
             except ExportError:
                 idx = None
         items.append((f"s{int(idx)}" if idx is not None else "s0", obj))

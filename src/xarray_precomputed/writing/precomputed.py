@@ -447,7 +447,7 @@ class _Scale:
     dtype: np.dtype
     resolution: tuple[float, float, float]
     voxel_offset: tuple[int, int, int]
-    attrs: dict
+    stored: dict           # the source's storage (its variable's .encoding): defaults to keep
     vtype: str | None      # segmentation / image hint from the source
     is_dask: bool
     key_hint: str | None = None
@@ -498,7 +498,8 @@ def as_scale(obj, *, variable=None, resolution=None, voxel_offset=None) -> _Scal
         if isinstance(cand, str) and cand.lower() in ("image", "segmentation"):
             vtype = cand.lower()
             break
-    key_hint = attrs.get("key") if isinstance(attrs.get("key"), str) else None
+    stored = dict(da.encoding)
+    key_hint = stored.get("scale_key") if isinstance(stored.get("scale_key"), str) else None
     if key_hint is not None and (not isinstance(hint_res, (list, tuple))
                                  or [float(v) for v in hint_res] != rs):
         key_hint = None
@@ -509,7 +510,7 @@ def as_scale(obj, *, variable=None, resolution=None, voxel_offset=None) -> _Scal
     except ImportError:
         is_dask = False
     return _Scale(var, tuple(int(da.sizes[n]) for n in _SPATIAL), int(var.shape[3]), dtype,
-                  tuple(rs), tuple(offs), attrs, vtype, is_dask, key_hint)
+                  tuple(rs), tuple(offs), stored, vtype, is_dask, key_hint)
 
 
 def _scales_of(obj, *, variable=None, resolution=None, voxel_offset=None) -> list[_Scale]:
@@ -560,11 +561,11 @@ def _attr_json(v):
 
 def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding,
                 shard_bytes, key, jpeg_quality, png_level) -> dict:
-    a = sc.attrs
+    a = sc.stored
     dt = sc.dtype.name
     # encoding: given, else the source's (when we can write it), else by type
     if encoding is None:
-        src = a.get("encoding")
+        src = a.get("precomputed_encoding")
         ok = src in WRITABLE_ENCODINGS and _encoding_fits(src, dt, sc.num_channels)
         if ok:
             encoding = src
@@ -910,7 +911,7 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         resolution and voxel offset come from the coordinates (voxel centres in nm, the
         reader's convention) unless `resolution` / `voxel_offset` are given.
     encoding: "raw", "compressed_segmentation", "jpeg" or "png"; None keeps the source's
-        encoding (attrs of a volume opened with engine="precomputed") when writable, else
+        encoding (the variable's .encoding, as engine="precomputed" fills it) when writable, else
         compressed_segmentation for uint32/uint64 segmentations and raw otherwise.
     chunk_size: (x, y, z); None keeps the source's, else 64³ (clipped to the volume).
     sharding: None keeps the source's spec (same size) or writes unsharded; False/"none" writes
