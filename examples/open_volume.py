@@ -20,7 +20,7 @@ import xarray_precomputed as xp
 
 def parse_scale(text: str) -> int | str:
     # int("16_16_40") is 161640 in Python: only plain digits are an index, anything else a key.
-    return int(text) if text.isdigit() else text
+    return int(text) if text.removeprefix("-").isdigit() else text  # "-1": the last scale
 
 
 def main() -> None:

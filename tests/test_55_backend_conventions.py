@@ -276,3 +276,17 @@ def test_huge_tree_warns(huge):
     names = " ".join(str(r.message) for r in rec)
     # s0: 3.8e9 tasks, s1: 7.4e6; s2 (1.5e4) is fine
     assert "'8_8_8'" in names and "'64_64_64'" in names and "'512_512_512'" not in names
+
+
+# ------------------------------------------------------------------------------ the example
+
+def test_example_takes_a_scale_key(vol):
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "open_volume.py"
+    for arg, key in (("8_8_40", "8_8_40"), ("1", "8_8_40"), ("-2", "4_4_40")):
+        out = subprocess.run([sys.executable, str(example), str(vol), arg], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert f"scale {key}:" in out.stdout
