@@ -18,6 +18,9 @@ W4  dask.distributed LocalCluster, 2 worker processes, W1's sharded volume: GB/s
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
     (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
     TensorStore, CloudVolume.
+W6  issue 16's remote volumes, read whole over the same server: seg4 (W1's seg, 4 shards), seg64
+    (the same voxels in 64 shards of 4 chunks), raw128 (uint8 raw 512×512×256 unsharded in 128
+    chunks of 128×128×32, 512 KiB each); seconds, and the requests the server answered per read.
 """
 
 from __future__ import annotations
@@ -66,9 +69,13 @@ def worker(task: str, reader: str, path: str) -> dict:
         import xarray_precomputed.backends.precomputed
         from xarray_precomputed import storage
 
-        if task == "W5":  # the HTTP client behind fsspec is imported on the first remote open
+        if task in ("W5", "W6"):  # remote clients are imported on the first remote open
             import aiohttp  # noqa: F401
             import fsspec.implementations.http  # noqa: F401
+            try:
+                import obstore  # noqa: F401
+            except ImportError:
+                pass
     elif reader == "ts":
         import tensorstore as ts
     elif reader == "cv":
@@ -122,7 +129,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         dt = time.perf_counter() - t0
         result = {"seconds": dt, "bytes": int(a.nbytes), "peak_mb": _rss_mb() - base_rss,
                   "checksum": int(np.asarray(a).view(np.uint8)[::4099].sum())}
-    elif task == "W5":
+    elif task in ("W5", "W6"):
         url = path
         if reader == "ours":
             ds = xr.open_dataset(url, engine="precomputed")
@@ -258,6 +265,14 @@ def _latency_server(root, latency_ms: float):
     raise RuntimeError("latency_server.py did not start")
 
 
+def _server_counts(base: str) -> dict:
+    """The requests latency_server.py answered since the last call (then reset)."""
+    from urllib.request import urlopen
+
+    with urlopen(f"{base}/__requests__?reset=1", timeout=30) as r:
+        return json.loads(r.read())
+
+
 def run_one(task, reader, path) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", task, reader, str(path)],
                          capture_output=True, text=True, timeout=900)
@@ -270,7 +285,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", default="/tmp/xp-bench")
-    ap.add_argument("--only", default="W1,W2,W3,W4,W5")
+    ap.add_argument("--only", default="W1,W2,W3,W4,W5,W6")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
     args = ap.parse_args()
@@ -279,17 +294,19 @@ def main() -> None:
         return
 
     from _bytecode import compile_package
-    from volumes import build
+    from volumes import REMOTE_VOLUMES, build, build_remote
 
     compile_package()
-    paths = build(Path(args.root))
     only = args.only.split(",")
+    paths = build(Path(args.root)) if set(only) - {"W6"} else {}
+    if "W6" in only:
+        build_remote(Path(args.root) / "remote")
     results: dict = {}
 
     def record(key, r):
         results.setdefault(key, []).append(r)
 
-    server = _latency_server(args.root, args.latency_ms) if "W5" in only else None
+    server = _latency_server(args.root, args.latency_ms) if {"W5", "W6"} & set(only) else None
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
@@ -303,10 +320,16 @@ def main() -> None:
                 record(("W3", "mcns", reader), run_one("W3", reader, paths["mcns"]))
         if "W4" in only and rnd < 2:
             record(("W4", "seg", "ours"), run_one("W4", "ours", paths["seg"]))
-        if server is not None:
+        if "W5" in only:
             for vol in ("seg", "em"):
                 for reader in ("ours", "ts", "cv"):
                     record(("W5", vol, reader), run_one("W5", reader, f"{server[1]}/{vol}"))
+        if "W6" in only:
+            for vol in REMOTE_VOLUMES:
+                for reader in ("ours", "ts", "cv"):
+                    _server_counts(server[1])
+                    r = run_one("W6", reader, f"{server[1]}/remote/{vol}")
+                    record(("W6", vol, reader), {**r, "server": _server_counts(server[1])})
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
     if server is not None:
         server[0].terminate()
@@ -382,6 +405,23 @@ def report(results) -> str:
             for reader, gbs in rates.items():
                 lines.append(f"{vol} | {reader} | {gbs:.2f} | {gbs / peer:.2f}x"
                              f"{_err(results[('W5', vol, reader)])}")
+        lines.append("")
+    if any(k[0] == "W6" for k in results):
+        lines += ["W6 full read over HTTP, 20 ms per request | ours s | TensorStore s | "
+                  "CloudVolume s | ours ÷ faster peer | requests per read: ours / TS / CV",
+                  "--- | --- | --- | --- | --- | ---"]
+        from volumes import REMOTE_VOLUMES
+
+        for vol in REMOTE_VOLUMES:
+            rs = {r: results.get(("W6", vol, r), []) for r in ("ours", "ts", "cv")}
+            secs = {r: _med(v, "seconds") for r, v in rs.items()}
+            reqs = {r: statistics.median([x["server"]["requests"] for x in v if "server" in x] or [0])
+                    for r, v in rs.items()}
+            peer = min(secs["ts"], secs["cv"])
+            errs = "".join(_err(v) for v in rs.values())
+            lines.append(f"{vol} | {secs['ours']:.3f} | {secs['ts']:.3f} | {secs['cv']:.3f} | "
+                         f"{peer / secs['ours']:.2f}× | {reqs['ours']:g} / {reqs['ts']:g} / "
+                         f"{reqs['cv']:g}{errs}")
         lines.append("")
     return "\n".join(lines)
 

@@ -99,6 +99,30 @@ def build_mcns(path: Path) -> None:
     t[x0:x1, y0:y1, z0:z1, 0] = fib25_tiles((512, 512, 512), seed=5)
 
 
+# Issue 16's remote volumes (W6): the sharded segmentation as `seg`, the same voxels in 64 shards of
+# 4 chunks, and an EM-like uint8 image in 128 unsharded 128×128×32 chunks of 512 KiB.
+SEG64_SHARDING = {**SEG_SHARDING, "preshift_bits": 2, "minishard_bits": 0, "shard_bits": 6}
+REMOTE_VOLUMES = ("seg4", "seg64", "raw128")
+
+
+def build_remote(root: Path, force: bool = False) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {name: root / name for name in REMOTE_VOLUMES}
+    seg_scale = {"size": list(SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8],
+                 "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8]}
+    if force or not (paths["seg4"] / "info").exists():
+        _ts_write(paths["seg4"], fib25_tiles(SHAPE), "segmentation",
+                  {**seg_scale, "sharding": SEG_SHARDING})
+    if force or not (paths["seg64"] / "info").exists():
+        _ts_write(paths["seg64"], fib25_tiles(SHAPE), "segmentation",
+                  {**seg_scale, "sharding": SEG64_SHARDING})
+    if force or not (paths["raw128"] / "info").exists():
+        _ts_write(paths["raw128"], em_like(SHAPE), "image", {
+            "size": list(SHAPE), "chunk_size": [128, 128, 32], "resolution": [8, 8, 8],
+            "encoding": "raw"})
+    return paths
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/xp-bench")
     for name, p in build(out, force="--force" in sys.argv).items():

@@ -25,6 +25,7 @@ from ..util import LRUCache, single_flight
 minishard_cache = LRUCache(256 << 20)
 shard_form_cache = LRUCache(16 << 20)
 _ABSENT = "absent"
+_NO_SHARD_FILE = "no .shard"  # the `.shard` file is absent; the obsolete pair may exist
 WHOLE_SHARD_INDEX_BYTES = 1 << 16
 # Index fetches in this process ("shard_index", "minishard_index"): W4 checks each worker fetches
 # every index once.
@@ -62,6 +63,7 @@ class ShardReader:
             if form == "shard":
                 return None
         # The obsolete form: `.index` is the shard index, `.data` everything after it.
+        form = None if form == _NO_SHARD_FILE else form
         idx_key = self._key(shard_filename(shard, self.spec, "index"))
         data_key = self._key(shard_filename(shard, self.spec, "data"))
         out: list[bytes | None] = [None] * len(ranges)
@@ -165,19 +167,12 @@ class ShardReader:
         entries = self._shard_index_entries(shard, minishards, wheres)
         if entries is None:
             return None
-        # gzip adds at most a few bytes per 16 KiB block (plus a header) to what it compresses
-        limit = self.max_minishard_bytes + self.max_minishard_bytes // 1024 + 1024
         out: dict[int, MinishardIndex] = {}
         fetch = []
         for m in minishards:
-            start, end = entries[m]
-            if end - start > limit:
-                raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} "
-                                       f"bytes) runs past the end of any minishard index this "
-                                       f"scale can have (at most {limit} bytes)", chunk=wheres[m])
+            start, end = self._check_minishard_range(entries[m], wheres[m])
             if start == end:
-                out[m] = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
-                                        np.zeros(0, np.int64))
+                out[m] = _EMPTY_MINISHARD
             else:
                 fetch.append((m, self.index_end + start, self.index_end + end))
         if fetch:
@@ -186,32 +181,88 @@ class ShardReader:
             if raws is None:
                 return None
             for (m, a, b), buf in zip(fetch, raws):
-                if len(buf) != b - a:
-                    raise ShardFormatError(f"minishard index [{a}, {b}) lies past the end of the "
-                                           f"file", chunk=wheres[m])
-                if self.spec.minishard_index_encoding == "gzip":
-                    buf = decode_gzip(buf, self.max_minishard_bytes, where=wheres[m],
-                                      what="minishard index")
-                out[m] = parse_minishard_index(buf, self.index_end, file_size=None, where=wheres[m])
+                out[m] = self._parse_minishard(buf, a, b, wheres[m])
         for m, mi in out.items():
             minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
         return out
+
+    def _check_minishard_range(self, entry: tuple[int, int], where: str) -> tuple[int, int]:
+        # gzip adds at most a few bytes per 16 KiB block (plus a header) to what it compresses
+        limit = self.max_minishard_bytes + self.max_minishard_bytes // 1024 + 1024
+        start, end = entry
+        if end - start > limit:
+            raise ShardFormatError(f"minishard index range [{start}, {end}) ({end - start} "
+                                   f"bytes) runs past the end of any minishard index this "
+                                   f"scale can have (at most {limit} bytes)", chunk=where)
+        return start, end
+
+    def _parse_minishard(self, buf, a: int, b: int, where: str) -> MinishardIndex:
+        """The minishard index stored at `[a, b)` of the shard file, given its bytes `buf`."""
+        if len(buf) != b - a:
+            raise ShardFormatError(f"minishard index [{a}, {b}) lies past the end of the "
+                                   f"file", chunk=where)
+        if self.spec.minishard_index_encoding == "gzip":
+            buf = decode_gzip(buf, self.max_minishard_bytes, where=where, what="minishard index")
+        return parse_minishard_index(buf, self.index_end, file_size=None, where=where)
 
     def read_chunks(self, shard: int, chunk_ids: np.ndarray, minishards: np.ndarray,
                     describe) -> list[bytes | None]:
         """The stored (data_encoding-decoded) bytes of each chunk id in one shard; None = absent.
         `describe(i)` names chunk i in errors."""
         out: list[bytes | None] = [None] * len(chunk_ids)
-        want: list[int] = []
-        ranges: list[tuple[int, int]] = []
         wanted = np.unique(minishards).tolist()
         indices = self.minishard_indices(shard, wanted)
         if indices is None:
             return out
-        for m in wanted:
+        want, ranges = self._locate(indices, chunk_ids, minishards, describe)
+        if not want:
+            return out
+        got = self._read_file_ranges(shard, ranges)
+        if got is None:
+            return out
+        return self._finish(shard, out, want, ranges, got, describe)
+
+    def read_whole_shard(self, shard: int, chunk_ids: np.ndarray, minishards: np.ndarray,
+                         describe) -> list | None:
+        """As `read_chunks`, from the whole `.shard` file fetched in one request (its indices
+        are parsed from it): for a read that wants every chunk the shard can hold, so nothing
+        fetched is wasted, where `read_chunks` costs three rounds of requests. None when there
+        is no `.shard` file (absent, or the obsolete `.index` + `.data` pair): ask
+        `read_chunks`. The values may be views of the fetched file."""
+        key = self._key(shard_filename(shard, self.spec))
+        blob = self.store.read(key)
+        ck = self._cache_key("form", shard)
+        if blob is None:
+            if shard_form_cache.get(ck) is None:
+                shard_form_cache.put(ck, _NO_SHARD_FILE, 64)
+            return None
+        shard_form_cache.put(ck, "shard", 64)
+        index_fetches["whole_shard"] += 1
+        view = memoryview(blob)
+        name = self.shard_name(shard)
+        if len(view) < self.index_end:
+            raise ShardFormatError(f"file is {len(view)} bytes, shorter than its "
+                                   f"{self.index_end}-byte shard index", chunk=name)
+        indices: dict[int, MinishardIndex] = {}
+        for m in np.unique(minishards).tolist():
+            where = f"{name} minishard {m}"
+            entry = parse_shard_index_entry(view[16 * m:16 * m + 16], where=where)
+            start, end = self._check_minishard_range(entry, where)
+            a, b = self.index_end + start, self.index_end + end
+            indices[m] = (_EMPTY_MINISHARD if start == end
+                          else self._parse_minishard(view[a:b], a, b, where))
+        out: list = [None] * len(chunk_ids)
+        want, ranges = self._locate(indices, chunk_ids, minishards, describe)
+        return self._finish(shard, out, want, ranges, [view[s:e] for s, e in ranges], describe)
+
+    def _locate(self, indices, chunk_ids, minishards, describe):
+        """(which of `chunk_ids` are stored, and the byte range of each) from their minishard
+        indices; a range no chunk of this scale could fill is refused here, before any fetch."""
+        want: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        for m in np.unique(minishards).tolist():
             sel = np.nonzero(minishards == m)[0]
-            mi = indices[m]
-            found, starts, ends = mi.lookup(chunk_ids[sel])
+            found, starts, ends = indices[m].lookup(chunk_ids[sel])
             for j in np.nonzero(found)[0].tolist():
                 s, e = int(starts[j]), int(ends[j])
                 if e - s > self.max_chunk_bytes:
@@ -221,11 +272,9 @@ class ShardReader:
                         chunk=describe(int(sel[j])))
                 want.append(int(sel[j]))
                 ranges.append((s, e))
-        if not want:
-            return out
-        got = self._read_file_ranges(shard, ranges)
-        if got is None:
-            return out
+        return want, ranges
+
+    def _finish(self, shard, out, want, ranges, got, describe):
         limit = self.max_chunk_bytes
         for i, (s, e), b in zip(want, ranges, got):
             if len(b) != e - s:
@@ -235,6 +284,10 @@ class ShardReader:
                 b = decode_gzip(b, limit, where=describe(i), what="chunk data")
             out[i] = b
         return out
+
+
+_EMPTY_MINISHARD = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
+                                  np.zeros(0, np.int64))
 
 
 def forget_cached_indices() -> None:

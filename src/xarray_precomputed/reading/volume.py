@@ -21,7 +21,7 @@ from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from .selection import (as_index, axis_parts, box_selection, outer_selection, part_bounds,
                         selection_shape)
-from ..format.sharding import chunk_location
+from ..format.sharding import chunk_location, shard_box
 from .shard_reader import ShardReader, group_by_shard
 from ..storage import Store, open_store, store_options_key, strip_scheme_prefix
 from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
@@ -41,6 +41,10 @@ INLINE_DECODE_BYTES = 4 << 20
 REMOTE_BATCH = 32
 REMOTE_BATCH_BYTES = 16 << 20
 REMOTE_IN_FLIGHT = IO_THREADS
+# A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
+# decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded
+# size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
+WHOLE_SHARD_MAX_BYTES = 256 << 20
 
 
 def _result(shape, dtype) -> tuple[np.ndarray, bool]:
@@ -183,6 +187,22 @@ class ScaleReader:
         voxels = math.prod(self.chunk_size) * self.info.num_channels
         return 16 * voxels + (1 << 20)
 
+    @functools.cached_property
+    def _shard_box(self) -> tuple[int, int, int] | None:
+        return shard_box(self.scale_info.sharding, self.grid_shape)
+
+    def _whole_shard_bytes(self, cells: np.ndarray, members: np.ndarray) -> int | None:
+        """The decoded size of the shard holding `members` if they are every chunk it can hold
+        (the shard is an aligned box of grid cells, clipped to the grid), else None."""
+        box = self._shard_box
+        if box is None:
+            return None
+        origin = cells[members[0]] // box * box
+        count = math.prod(min(b, g - int(o)) for b, g, o in zip(box, self.grid_shape, origin))
+        if len(members) != count:
+            return None
+        return count * math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
+
     def __repr__(self) -> str:
         return f"<ScaleReader {self.url!r} scale {self.scale_info.key!r} shape {self.shape}>"
 
@@ -254,9 +274,14 @@ class ScaleReader:
             return (f"grid cell {tuple(int(g) for g in cells[member])} id {int(ids[member])} "
                     f"in {reader.shard_name(shard)}")
 
-        def fetch(shard, members):
-            data = reader.read_chunks(shard, ids[members], minis[members],
-                                      lambda j: name(shard, members[j]))
+        def fetch(shard, members, whole=False):
+            data = None
+            if whole:
+                data = reader.read_whole_shard(shard, ids[members], minis[members],
+                                               lambda j: name(shard, members[j]))
+            if data is None:
+                data = reader.read_chunks(shard, ids[members], minis[members],
+                                          lambda j: name(shard, members[j]))
             return [(int(m), blob, _Lazy(name, shard, m)) for m, blob in zip(members.tolist(), data)]
 
         def finish(results):
@@ -268,23 +293,43 @@ class ScaleReader:
 
         groups = list(group_by_shard(shards))
         pool = cpu_pool()
+        remote = self.store.batches_reads
+        # Over a network a shard wanted whole costs one request instead of three rounds (shard
+        # index, minishard indices, data), as TensorStore reads it.
+        whole = {}
+        if remote:
+            for g, m in groups:
+                nbytes = self._whole_shard_bytes(cells, m)
+                if nbytes is not None and nbytes <= WHOLE_SHARD_MAX_BYTES:
+                    whole[g] = nbytes
         if len(groups) == 1:
             # One shard: its reads are one task's worth anyway, so they run here rather than
             # wait for a worker (the first read of a process would also wait for it to start).
             # A small result is decoded here too: handing ~1 ms of decoding to workers cost more
             # than it saved (500 random 64^3 cutouts: 1.33-1.49 s here, 1.39-1.71 s handed out).
-            results = fetch(*groups[0])
+            results = fetch(*groups[0], whole=groups[0][0] in whole)
             if len(results) == 1 or out.nbytes <= INLINE_DECODE_BYTES:
                 finish(results)
                 return
             wait_all([pool.submit(finish, [r]) for r in results])
             return
-        if self.store.batches_reads:
+        if remote:
             # A remote store: latency bounds the read, so many shard groups are fetched at once
-            # (large groups split into batches) and decoded as they arrive.
+            # (large groups split into batches, whole shards not) and decoded as they arrive,
+            # a whole shard by several workers.
             per = self._remote_batch(len(ids), spread=False)
-            batches = [(g, m[k:k + per]) for g, m in groups for k in range(0, len(m), per)]
-            _pipeline(batches, lambda b: fetch(*b), finish)
+            batches = []
+            for g, m in groups:
+                if g in whole:
+                    batches.append((g, m, True))
+                else:
+                    batches += [(g, m[k:k + per], False) for k in range(0, len(m), per)]
+            in_flight = REMOTE_IN_FLIGHT
+            if whole:
+                budget = REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES
+                in_flight = max(2, min(in_flight, budget // max(whole.values())))
+            _pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight,
+                      part=self._remote_batch(len(ids)) if whole else None)
             return
         # With enough groups to keep every worker busy, each task fetches and decodes its group;
         # otherwise (a read inside one or two shards) the chunks of a group decode in parallel.
@@ -346,33 +391,46 @@ class ScaleReader:
         wait_all([pool.submit(one, i) for i in order])
 
 
-def _pipeline(jobs: list, fetch, decode) -> None:
-    """`decode(fetch(job))` for every job: fetches on the I/O pool, at most REMOTE_IN_FLIGHT jobs
-    fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives.
+def _pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
+              part: int | None = None) -> None:
+    """`decode(fetch(job))` for every job: fetches on the I/O pool, at most `in_flight` jobs
+    fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives
+    (with `part`, a fetched list in pieces of at most `part` items, each a task of its own).
     The first failure is raised once nothing is left running."""
     io, cpu = io_pool(), cpu_pool()
     todo = iter(jobs)
-    fetching: set[Future] = set()
-    decoding: set[Future] = set()
+    fetching: dict[Future, int] = {}
+    decoding: dict[Future, int] = {}
+    pieces_left: dict[int, int] = {}  # per fetched job, its decode tasks still running
+    n = 0
     try:
         while True:
-            while len(fetching) + len(decoding) < REMOTE_IN_FLIGHT:
+            while len(fetching) + len(pieces_left) < in_flight:
                 job = next(todo, _END)
                 if job is _END:
                     break
-                fetching.add(io.submit(fetch, job))
+                fetching[io.submit(fetch, job)] = n
+                n += 1
             if not fetching and not decoding:
                 return
-            done, _ = wait(fetching | decoding, return_when=FIRST_COMPLETED)
+            done, _ = wait(list(fetching) + list(decoding), return_when=FIRST_COMPLETED)
             for f in done:
                 if f in fetching:
-                    fetching.discard(f)
-                    decoding.add(cpu.submit(decode, f.result()))
+                    k = fetching.pop(f)
+                    got = f.result()
+                    pieces = ([got] if part is None or len(got) <= part
+                              else [got[i:i + part] for i in range(0, len(got), part)])
+                    pieces_left[k] = len(pieces)
+                    for p in pieces:
+                        decoding[cpu.submit(decode, p)] = k
                 else:
-                    decoding.discard(f)
+                    k = decoding.pop(f)
                     f.result()
+                    pieces_left[k] -= 1
+                    if not pieces_left[k]:
+                        del pieces_left[k]
     finally:
-        settle(list(fetching | decoding))
+        settle(list(fetching) + list(decoding))
 
 
 _END = object()
