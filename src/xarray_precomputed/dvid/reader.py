@@ -13,11 +13,18 @@ import numpy as np
 
 from ..errors import BoundsError, InfoError, MissingChunkError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
-from ..reading.selection import as_index, axis_parts, box_selection, outer_selection, selection_shape
-from ..util import cpu_pool, settle
+from ..reading.selection import (
+    as_index,
+    axis_parts,
+    box_selection,
+    outer_selection,
+    selection_shape,
+    voxel_selection,
+)
 from ..storage import is_local, open_store, store_options_key, strip_scheme_prefix
+from ..util import cpu_pool, settle
 from .block import decode_block, scratch_block
-from .shards import ShardFiles, ShardBoxes, block_bytes, max_block_bytes
+from .shards import ShardBoxes, ShardFiles, block_bytes, max_block_bytes
 
 LABEL_MODES = ("agglomerated", "supervoxels")
 
@@ -118,12 +125,20 @@ class DvidScaleReader:
     def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
         """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) as a C-ordered (X, Y, Z, 1)
         uint64 array. None reads the whole scale."""
-        return self._read(box_selection(box, self.scale_info.size, self.scale_info.key))
+        s = self.scale_info
+        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset))
 
     def read_outer(self, ix, iy, iz) -> np.ndarray:
         """The outer product of three selections (a slice, possibly strided, or a 1-D array of
         non-negative indices per axis) as a C-ordered (X, Y, Z, 1) uint64 array."""
-        return self._read(outer_selection((ix, iy, iz), self.scale_info.size, self.scale_info.key))
+        s = self.scale_info
+        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset))
+
+    def __getitem__(self, key) -> np.ndarray:
+        """`scale[x0:x1, y0:y1, z0:z1]` in voxel coordinates, as `ScaleReader[...]`."""
+        s = self.scale_info
+        sel, channels = voxel_selection(key, s.size, s.voxel_offset, 1, s.key)
+        return self._read(outer_selection(sel, s.size, s.key, offset=s.voxel_offset))[..., channels]
 
     def chunk(self, cell: Sequence[int]) -> np.ndarray | None:
         """One whole decoded chunk (X, Y, Z) by grid cell, or None when it is absent."""

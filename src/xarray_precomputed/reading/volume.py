@@ -1,7 +1,8 @@
 """The volume reader: a box or an outer selection of one scale -> grid cells -> stored bytes ->
 decoded voxels in one C-ordered XYZC numpy array.
 
-Indices here are 0-based array indices (voxel coordinate minus the scale's voxel_offset).
+`read` and `read_outer` take 0-based array indices (voxel coordinate minus the scale's
+voxel_offset); `scale[...]` takes voxel coordinates, as TensorStore and CloudVolume index.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import functools
 import math
 import os
 import threading
-from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,12 +20,19 @@ from ..codecs import get_decoder
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
-from .selection import (as_index, axis_parts, box_selection, outer_selection, part_bounds,
-                        selection_shape)
 from ..format.sharding import chunk_location, shard_box
-from .shard_reader import ShardReader, group_by_shard
 from ..storage import Store, open_store, store_options_key, strip_scheme_prefix
 from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
+from .selection import (
+    as_index,
+    axis_parts,
+    box_selection,
+    outer_selection,
+    part_bounds,
+    selection_shape,
+    voxel_selection,
+)
+from .shard_reader import ShardReader, group_by_shard
 
 _set_hugepage = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
 _hugepage_lock = threading.Lock()
@@ -210,12 +218,24 @@ class ScaleReader:
     def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
         """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as a C-ordered
         (X, Y, Z, C) array. None reads the whole scale."""
-        return self._read(box_selection(box, self.scale_info.size, self.scale_info.key))
+        s = self.scale_info
+        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset))
 
     def read_outer(self, ix, iy, iz) -> np.ndarray:
         """The outer product of three index selections (each a slice, possibly strided, or a 1-D
         array of non-negative indices) of every channel, as a C-ordered (X, Y, Z, C) array."""
-        return self._read(outer_selection((ix, iy, iz), self.scale_info.size, self.scale_info.key))
+        s = self.scale_info
+        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset))
+
+    def __getitem__(self, key) -> np.ndarray:
+        """`scale[x0:x1, y0:y1, z0:z1]` in voxel coordinates: x from voxel_offset[0] to
+        voxel_offset[0] + size[0], as TensorStore's domain and CloudVolume's bounds; `read` and
+        `read_outer` take 0-based array indices instead. Ints and slices (positive steps), an
+        optional channel item; the result is always (X, Y, Z, C), ints keeping their axis."""
+        s = self.scale_info
+        sel, channels = voxel_selection(key, s.size, s.voxel_offset, self.info.num_channels, s.key)
+        data = self._read(outer_selection(sel, s.size, s.key, offset=s.voxel_offset))
+        return data if channels == slice(0, self.info.num_channels, 1) else data[..., channels]
 
     # -- the machinery
     def _cell_shape(self, cell) -> tuple[int, int, int]:
