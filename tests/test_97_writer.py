@@ -291,6 +291,28 @@ def test_add_scale_merges_info(tmp_path):
     check_readers(p, data, 0)
 
 
+def test_integral_resolutions_are_written_as_integers(tmp_path):
+    """igneous names new scales from the info's resolution through CloudVolume's add_scale:
+    floats there make keys like "16.0_16.0_40.0"."""
+    data = labels((32, 32, 8, 1), 3)
+    p = tmp_path / "v"
+    xp.to_precomputed(make_da(data, res=(8, 8, 40), name="segmentation"), str(p),
+                      chunk_size=(16, 16, 8))
+    text = (p / "info").read_text()
+    (scale,) = json.loads(text)["scales"]
+    assert scale["resolution"] == [8, 8, 40] and all(type(r) is int for r in scale["resolution"])
+    assert re.search(r'"resolution": \[\s*8,\s*8,\s*40\s*\]', text)
+    cv = CloudVolume("file://" + str(p), progress=False)
+    assert cv.add_scale((2, 2, 1))["key"] == "16_16_40"
+    # a DataTree of downsampled scales and a non-integral resolution
+    tree = xp.downsample(make_da(data, res=(3.3, 8, 40), name="segmentation"), (2, 2, 1), levels=1)
+    xp.to_precomputed(tree, str(tmp_path / "t"), chunk_size=(16, 16, 8))
+    scales = json.loads((tmp_path / "t" / "info").read_text())["scales"]
+    assert [s["resolution"] for s in scales] == [[3.3, 8, 40], [6.6, 16, 40]]
+    assert [[type(r) for r in s["resolution"]] for s in scales] == [[float, int, int]] * 2
+    assert [s["key"] for s in scales] == ["3.3_8_40", "6.6_16_40"]
+
+
 def test_convert_from_lazy_precomputed_keeps_layout(tmp_path):
     data = labels((37, 20, 9, 1), 5)
     src = tmp_path / "src"

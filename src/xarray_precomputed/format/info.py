@@ -125,7 +125,8 @@ class ScaleInfo:
             "key": self.key,
             "size": list(self.size),
             "voxel_offset": list(self.voxel_offset),
-            "resolution": list(self.resolution),
+            # integral resolutions as integers: tools name scales after them ("16_16_40")
+            "resolution": [int(r) if float(r).is_integer() else r for r in self.resolution],
             "chunk_sizes": [list(c) for c in self.chunk_sizes],
             "encoding": self.encoding,
         }
