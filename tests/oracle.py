@@ -9,6 +9,10 @@ operations for layouts TensorStore does not write), never the package under test
 - `CATALOGUE` names small fixture volumes; `build(name, path)` writes one and returns an
   `OracleVolume` holding TensorStore's reading of each scale (the truth tests compare against).
   Add entries to `CATALOGUE` to extend the fixtures; `tests/conftest.py` exposes them.
+- For the writers: `make_da` builds xarray input with the reader's coordinates; `check_readers`
+  asks TensorStore, CloudVolume and (to agree with them) our reader what a written volume holds;
+  `ts_zarr` / `ome_transforms` read an OME-Zarr export with TensorStore's zarr3 driver and plain
+  JSON; `assert_same` compares bit for bit.
 """
 
 from __future__ import annotations
@@ -472,3 +476,95 @@ def line_aligned(shape, dtype=np.uint8) -> np.ndarray:
     raw = np.zeros(n + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + n].view(dtype).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Written output: xarray input for the writers, and what independent readers make of the result
+
+
+def make_da(data, off=(0, 0, 0), res=(1, 1, 1), *, name=None, channel=True, units=None):
+    """An XYZC (or XYZ) DataArray with the reader's coordinates, voxel centres
+    `(off + i + 0.5) * res`, in `units` (attribute left out when None: nm)."""
+    import xarray as xr
+
+    coords = {n: (o + np.arange(s, dtype=np.float64) + 0.5) * r
+              for n, s, o, r in zip("xyz", data.shape, off, res)}
+    dims = ("x", "y", "z", "channel") if channel else ("x", "y", "z")
+    da = xr.DataArray(data, dims=dims, coords=coords, name=name)
+    if units is not None:
+        for n in "xyz":
+            da[n].attrs["units"] = units
+    return da
+
+
+def assert_same(a, b) -> None:
+    """Bitwise equality (NaN and -0.0 included), same shape and dtype."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    u = f"u{a.dtype.itemsize}"
+    diff = np.ascontiguousarray(a).view(u) != np.ascontiguousarray(b).view(u)
+    assert not diff.any(), f"{diff.sum()} of {diff.size} values differ, first at {np.argwhere(diff)[0]}"
+
+
+def cv_read(path, scale_index: int = 0) -> np.ndarray:
+    """The whole scale as CloudVolume reads it (XYZC)."""
+    from cloudvolume import CloudVolume
+
+    cv = CloudVolume("file://" + str(path), mip=scale_index, fill_missing=True, progress=False)
+    return np.asarray(cv[:, :, :])
+
+
+def ours_read(path, scale_index: int = 0):
+    """(values, Dataset) of a scale as engine="precomputed" reads it."""
+    import xarray as xr
+
+    tree = xr.open_datatree(str(path), engine="precomputed")
+    ds = tree[f"s{scale_index}"].to_dataset()
+    return ds[ds.attrs["type"]].values, ds
+
+
+def check_readers(path, expected, scale_index: int = 0, *, cv: bool = True, tol: int = 0):
+    """TensorStore, CloudVolume and our reader all read `expected` (XYZC) from the scale (to
+    `tol` for lossy encodings, where ours must equal TensorStore's exactly); returns our Dataset."""
+    got_ts = ts_read(path, scale_index)
+    ours, ds = ours_read(path, scale_index)
+    if tol:
+        assert np.abs(got_ts.astype(int) - expected.astype(int)).max() <= tol
+        assert_same(ours, got_ts)
+    else:
+        assert_same(got_ts, expected)
+        assert_same(ours, expected)
+    if cv:
+        got_cv = cv_read(path, scale_index)
+        if tol:
+            assert np.abs(got_cv.astype(int) - expected.astype(int)).max() <= tol
+        else:
+            assert_same(got_cv, expected)
+    return ds
+
+
+def ts_zarr(path) -> np.ndarray:
+    """A Zarr v3 array as TensorStore's zarr3 driver reads it."""
+    return np.asarray(ts.open({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                              "path": str(path)}}).result()
+                      .read().result())
+
+
+def zarr_order(xyzc: np.ndarray) -> np.ndarray:
+    """XYZC as the OME-Zarr export lays it out: CZYX, or ZYX for one channel."""
+    t = xyzc.transpose(3, 2, 1, 0)
+    return t[0] if xyzc.shape[3] == 1 else t
+
+
+def ome_transforms(zarr_path, array: str | None = None) -> dict[str, tuple[list, list]]:
+    """{dataset path: (scale, translation)} of an OME-Zarr 0.5 group's multiscale (x, y, z
+    order, without the channel axis)."""
+    root = json.loads((Path(zarr_path) / "zarr.json").read_text())
+    (ms,) = root["attributes"]["ome"]["multiscales"]
+    nspace = sum(a["type"] == "space" for a in ms["axes"])
+    out = {}
+    for d in ms["datasets"]:
+        t = {c["type"]: c[c["type"]] for c in d["coordinateTransformations"]}
+        out[d["path"]] = (t["scale"][-nspace:][::-1], t["translation"][-nspace:][::-1])
+    return out if array is None else {array: out[array]}

@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import ExportError, PrecomputedError
 from ..format.info import ShardingSpec
 from ..format.sharding import shard_box
+from ..writing.geometry import InputScale, input_scales, pick_variable, source_hint
 
 if TYPE_CHECKING:  # xarray is imported when an export runs, not with the package
     import xarray as xr
@@ -129,6 +130,17 @@ def plan_shard(chunk: Sequence[int], grid: Sequence[int], box: Sequence[int] | N
     """Shard shape in voxels (x, y, z): the box (in chunks; a default cube when None), clipped to
     the grid, halved along its longest axis — to an aligned power-of-two sub-box — while its
     uncompressed size exceeds `max_shard_bytes`."""
+    for what, v in (("chunk", chunk), ("grid", grid), ("box", box)):
+        if v is None and what == "box":
+            continue
+        try:
+            ok = len(v) == 3 and all(isinstance(a, (int, np.integer)) and a >= 1 for a in v)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ExportError(f"plan_shard: {what} must be 3 positive integers, got {v!r}")
+    voxel_bytes = _int_option("voxel_bytes", voxel_bytes, 1)
+    max_shard_bytes = _int_option("max_shard_bytes", max_shard_bytes, 1)
     box = list(box) if box is not None else [DEFAULT_SHARD_CHUNKS] * 3
 
     def eff() -> list[int]:
@@ -148,7 +160,7 @@ def plan_shard(chunk: Sequence[int], grid: Sequence[int], box: Sequence[int] | N
 @dataclass
 class _Scale:
     name: str
-    var: xr.Variable | None          # dims (x, y, z[, channel]); None in dask-fed task copies
+    var: xr.Variable | None          # dims (x, y, z[, channel dim]); None in dask-fed task copies
     nc: int
     has_c: bool                      # the output keeps a c axis (more than one channel)
     shape_xyz: tuple[int, int, int]
@@ -184,144 +196,95 @@ class _Scale:
                      for g, s, n in zip(gzyx[::-1], self.shard_xyz, self.shape_xyz))
 
 
-def _pick_variable(ds: xr.Dataset, variable: str | None) -> str:
-    if variable is not None:
-        if variable not in ds.data_vars:
-            raise ExportError(f"no data variable {variable!r}; have {list(ds.data_vars)}")
-        return variable
-    t = ds.attrs.get("type")
-    if t in ds.data_vars:
-        return t
-    spatial = [k for k, v in ds.data_vars.items() if {"x", "y", "z"} <= set(v.dims)]
-    if len(spatial) != 1:
-        raise ExportError(f"cannot tell which data variable to export among {list(ds.data_vars)}; "
-                          "pass variable=")
-    return spatial[0]
-
-
-def _axis_geometry(ds: xr.Dataset, var: xr.Variable, axis: int) -> tuple[float, float]:
-    """(resolution, translation = centre of voxel 0) along x, y or z, in nm."""
-    name = "xyz"[axis]
-    res_attr = var.attrs.get("resolution")
-    res = float(res_attr[axis]) if res_attr is not None and len(res_attr) == 3 else None
-    if name in ds.coords and ds.coords[name].size:
-        c = np.asarray(ds.coords[name].values, dtype=np.float64)
-        if c.size >= 2:
-            step = np.diff(c)
-            spacing = float((c[-1] - c[0]) / (c.size - 1))
-            if not np.allclose(step, spacing, rtol=1e-9, atol=0) or spacing <= 0:
-                raise ExportError(f"coordinate {name!r} is not evenly spaced and increasing: "
-                                  "OME-Zarr needs a scale and a translation per axis")
-            if res is None or not math.isclose(spacing, res, rel_tol=1e-9):
-                res = spacing
-        if res is None:
-            res = 1.0
-        return res, float(c[0])
-    if res is None:
-        res = 1.0
-    off = var.attrs.get("voxel_offset")
-    off = float(off[axis]) if off is not None and len(off) == 3 else 0.0
-    return res, (off + 0.5) * res
-
-
-def _chunk_of(var: xr.Variable, shape_xyz) -> tuple[int, int, int]:
-    cs = var.encoding.get("chunk_size")
-    if cs is not None and len(cs) == 3:
+def _chunk_of(sc: InputScale) -> tuple[int, int, int]:
+    cs = sc.hint("chunk_size")
+    if isinstance(cs, (list, tuple)) and len(cs) == 3:
         return tuple(int(c) for c in cs)  # type: ignore[return-value]
-    pref = var.encoding.get("preferred_chunks") or {}
+    pref = sc.var.encoding.get("preferred_chunks") or {}
     if all(d in pref for d in "xyz"):
         return tuple(int(pref[d]) for d in "xyz")  # type: ignore[return-value]
-    if var.chunks is not None:
-        return tuple(int(var.chunksizes[d][0]) for d in "xyz")  # type: ignore[return-value]
-    return tuple(max(1, min(64, n)) for n in shape_xyz)  # type: ignore[return-value]
+    if sc.var.chunks is not None:
+        return tuple(int(sc.var.chunksizes[d][0]) for d in "xyz")  # type: ignore[return-value]
+    return tuple(max(1, min(64, n)) for n in sc.size)  # type: ignore[return-value]
 
 
-def _scale_from_dataset(ds: xr.Dataset, name: str, *, variable: str | None,
-                        shard_shape: Sequence[int] | None, max_shard_bytes: int) -> _Scale:
-    vname = _pick_variable(ds, variable)
-    var = ds[vname].variable
-    dims = set(var.dims)
-    if dims not in ({"x", "y", "z"}, {"x", "y", "z", "channel"}):
-        raise ExportError(f"variable {vname!r} has dims {var.dims}; expected (x, y, z, channel)")
-    var = var.transpose(*(d for d in ("x", "y", "z", "channel") if d in dims))
-    shape_xyz = tuple(int(n) for n in var.shape[:3])
-    nc = int(var.shape[3]) if var.ndim == 4 else 1
+def _plan_scale(sc: InputScale, name: str, *, shard_shape: Sequence[int] | None,
+                max_shard_bytes: int) -> _Scale:
+    vname = sc.array.name
+    shape_xyz, nc = sc.size, sc.num_channels
     if min(shape_xyz) == 0 or nc == 0:
-        raise ExportError(f"variable {vname!r} is empty (shape {var.shape})")
-    dtype = np.dtype(var.dtype)
+        raise ExportError(f"variable {vname!r} is empty (shape {sc.var.shape})")
+    dtype = sc.dtype
     if dtype.kind not in "iuf" or dtype.itemsize > 8:
         raise ExportError(f"dtype {dtype} cannot be exported")
-    geom = [_axis_geometry(ds, var, a) for a in range(3)]
-    chunk = _chunk_of(var, shape_xyz)
+    chunk = _chunk_of(sc)
     voxel_bytes = nc * dtype.itemsize
     grid = [-(-n // c) for n, c in zip(shape_xyz, chunk)]
     if shard_shape is not None:
-        shard = tuple(int(s) for s in shard_shape)
+        try:
+            shard = tuple(int(s) for s in shard_shape)
+        except (TypeError, ValueError):
+            shard = ()
         if len(shard) != 3 or any(s <= 0 or s % c for s, c in zip(shard, chunk)):
-            raise ExportError(f"shard shape {list(shard_shape)} (x, y, z voxels) must be positive "
+            raise ExportError(f"shard shape {shard_shape!r} (x, y, z voxels) must be positive "
                               f"multiples of the chunk size {list(chunk)}")
         shard = tuple(min(s, g * c) for s, g, c in zip(shard, grid, chunk))
     else:
-        spec = var.encoding.get("sharding")
-        sharding = spec if isinstance(spec, dict) else None
-        full_size = var.encoding.get("size") or shape_xyz
+        sharding_text = sc.hint("sharding") or ""
+        sharding = json.loads(sharding_text) if isinstance(sharding_text, str) and sharding_text \
+            else (sharding_text if isinstance(sharding_text, dict) else None)
+        full_size = sc.hint("size") or shape_xyz
         box = _source_shard_box(sharding, full_size, chunk)
         shard = plan_shard(chunk, grid, box, voxel_bytes, max_shard_bytes)
-    src = var.encoding.get("source") or ds.encoding.get("source")
+    src = sc.hint("source")
     if isinstance(src, str) and src and "://" not in src:
         src = os.path.abspath(src)   # the same volume, whatever the working directory
     source = {
         "source": src,
-        "key": var.encoding.get("scale_key"),
-        "encoding": var.encoding.get("precomputed_encoding"),
-        "labels": var.attrs.get("labels"),
+        "key": sc.hint("key"),
+        "encoding": sc.hint("encoding"),
+        "labels": sc.attrs.get("labels"),
         "variable": vname,
-        "translation_nm": [g[1] for g in geom],
+        "translation_nm": list(sc.translation),
     }
-    return _Scale(name=name, var=var, nc=nc, has_c=nc > 1, shape_xyz=shape_xyz, dtype=dtype,
-                  chunk_xyz=chunk, shard_xyz=shard, resolution=tuple(g[0] for g in geom),  # type: ignore[arg-type]
-                  translation=tuple(g[1] for g in geom), source=source)  # type: ignore[arg-type]
+    return _Scale(name=name, var=sc.var, nc=nc, has_c=nc > 1, shape_xyz=shape_xyz, dtype=dtype,
+                  chunk_xyz=chunk, shard_xyz=shard, resolution=sc.resolution,
+                  translation=sc.translation, source=source)
 
 
 def scale_matches(which: int | str, name: str, ds: xr.Dataset, var_name: str | None) -> bool:
-    stored = dict(ds.encoding)
+    """Whether scale `which` (an index or a key) is the scale `name` held by `ds`."""
+    hints = {k: source_hint(ds, k) for k in ("scale_index", "key", "scale_key")}
     try:
-        stored.update(ds[_pick_variable(ds, var_name)].encoding)
+        var = pick_variable(ds, var_name, error=ExportError)[0]
+        hints.update({k: v for k in hints if (v := source_hint(var, k)) is not None})
     except ExportError:
         pass
+    return _matches(which, name, hints)
+
+
+def _matches(which: int | str, name: str, hints: dict) -> bool:
     if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
-        return name == f"s{int(which)}" or stored.get("scale_index") == int(which)
-    return which in (name, stored.get("scale_key"))
+        return name == f"s{int(which)}" or hints.get("scale_index") == int(which)
+    return which in (name, hints.get("key"), hints.get("scale_key"))
 
 
 def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> list[_Scale]:
     import xarray as xr
 
-    items: list[tuple[str, xr.Dataset]] = []
-    if isinstance(obj, xr.DataArray):
-        obj = obj.to_dataset(name=obj.name or "data")
-    if isinstance(obj, xr.Dataset):
-        idx = obj.encoding.get("scale_index")
-        if idx is None and obj.data_vars:
-            try:
-                idx = obj[_pick_variable(obj, variable)].encoding.get("scale_index")
-            except ExportError:
-                idx = None
-        items.append((f"s{int(idx)}" if idx is not None else "s0", obj))
-    elif isinstance(obj, xr.DataTree):
-        for node in obj.subtree:
-            ds = node.to_dataset(inherit=False)
-            if any({"x", "y", "z"} <= set(v.dims) for v in ds.data_vars.values()):
-                items.append((node.name or "s0", ds))
-        if not items:
-            raise ExportError("the DataTree has no node with an (x, y, z[, channel]) variable")
-    else:
+    if not isinstance(obj, (xr.DataArray, xr.Dataset, xr.DataTree)):
         raise ExportError(f"cannot export {type(obj).__name__}: pass a Dataset, a DataTree or a URL")
+    items: list[tuple[str, InputScale]] = []
+    for node, sc in input_scales(obj, variable=variable, integral_offset=False, error=ExportError):
+        if node is None and not isinstance(obj, xr.DataTree):
+            idx = sc.hint("scale_index")
+            node = f"s{int(idx)}" if idx is not None else "s0"
+        items.append((node or "s0", sc))
     if scales is not None:
-        wanted = list(scales)
-        chosen = []
-        for w in wanted:
-            hits = [it for it in items if scale_matches(w, it[0], it[1], variable)]
+        chosen: list[tuple[str, InputScale]] = []
+        for w in list(scales):
+            hits = [it for it in items if _matches(
+                w, it[0], {k: it[1].hint(k) for k in ("scale_index", "key", "scale_key")})]
             if not hits:
                 raise ExportError(f"no scale {w!r} in the source; have {[n for n, _ in items]}")
             if hits[0] not in chosen:
@@ -330,8 +293,8 @@ def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> lis
     names = [n for n, _ in items]
     if len(set(names)) != len(names):
         raise ExportError(f"scale names repeat: {names}")
-    out = [_scale_from_dataset(ds, n, variable=variable, shard_shape=shard_shape,
-                               max_shard_bytes=max_shard_bytes) for n, ds in items]
+    out = [_plan_scale(sc, n, shard_shape=shard_shape, max_shard_bytes=max_shard_bytes)
+           for n, sc in items]
     if len({(s.nc, s.has_c) for s in out}) > 1:
         raise ExportError("all scales of one multiscale image need the same channel count")
     # OME: datasets ordered from the highest resolution to the lowest
@@ -341,15 +304,27 @@ def _collect(obj: Any, *, scales, variable, shard_shape, max_shard_bytes) -> lis
 
 # ----------------------------------------------------------------------------- zarr side
 
+def _int_option(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ExportError(f"{name} must be an integer of at least {lo}, got {v!r}")
+    return int(v)
+
+
 def _compressors(compressor: str | None, level: int | None):
     from zarr.codecs import BloscCodec, ZstdCodec
 
     if compressor in (None, "none"):
         return None
-    if compressor == "zstd":
-        return [ZstdCodec(level=3 if level is None else int(level))]
-    if compressor == "blosc":
-        return [BloscCodec(cname="zstd", clevel=5 if level is None else int(level), shuffle="shuffle")]
+    try:
+        if compressor == "zstd":
+            return [ZstdCodec(level=3 if level is None else int(level))]
+        if compressor == "blosc":
+            if level is not None and not 0 <= int(level) <= 9:
+                raise ValueError("blosc levels run from 0 to 9")
+            return [BloscCodec(cname="zstd", clevel=5 if level is None else int(level),
+                               shuffle="shuffle")]
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"compression level {level!r} for {compressor}: {e}") from None
     raise ExportError(f"compressor must be 'zstd', 'blosc' or 'none', got {compressor!r}")
 
 
@@ -706,10 +681,22 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         obj = xr.open_datatree(url, engine=engine, **(open_kwargs or {}))
         if name is None:
             name = url.rstrip("/").rsplit("/", 1)[-1]
-    if isinstance(scales, (int, str)):
+    if isinstance(scales, (int, np.integer, str)):
         scales = [scales]
+    if scales is not None:
+        try:
+            scales = list(scales)
+        except TypeError:
+            scales = [None]
+        if any(isinstance(w, bool) or not isinstance(w, (int, np.integer, str)) for w in scales):
+            raise ExportError(f"scales must be scale indices or keys, got {scales!r}")
+    max_shard_bytes = _int_option("max_shard_bytes", max_shard_bytes, 1)
+    if level is not None:
+        level = _int_option("level", level, -131072)
+    if num_workers is not None:
+        num_workers = _int_option("num_workers", num_workers, 1)
     plan_scales = _collect(obj, scales=scales, variable=variable, shard_shape=shard_shape,
-                           max_shard_bytes=int(max_shard_bytes))
+                           max_shard_bytes=max_shard_bytes)
     compressors = _compressors(compressor, level)
     if name is None:
         src = plan_scales[0].source.get("source")

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import WriterError
+
 __all__ = ["downsample", "downsample_array"]
 
 
@@ -89,18 +91,45 @@ def _reduce_padded(block: np.ndarray, factors, valid_axes, method: str, dtype) -
     return _mode_blocks(vals, valid).reshape(nx, ny, nz, C)
 
 
+def _factors(factors) -> tuple[int, int, int]:
+    try:
+        out = tuple(int(f) for f in factors)
+        ok = (not isinstance(factors, (str, bytes)) and len(out) == 3 and min(out) >= 1
+              and all(float(f) == o for f, o in zip(factors, out)))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise WriterError(f"factors must be 3 positive integers (x, y, z), got {factors!r}")
+    return out  # type: ignore[return-value]
+
+
+def _offset(voxel_offset) -> tuple[int, int, int]:
+    try:
+        out = tuple(int(o) for o in voxel_offset)
+        ok = (not isinstance(voxel_offset, (str, bytes)) and len(out) == 3
+              and all(float(a) == o for a, o in zip(voxel_offset, out)))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise WriterError(f"voxel_offset must be 3 integers (x, y, z), got {voxel_offset!r}")
+    return out  # type: ignore[return-value]
+
+
+def _check_method(method) -> None:
+    if method not in ("mode", "mean"):
+        raise WriterError(f"method must be 'mode' or 'mean', got {method!r}")
+
+
 def downsample_array(data: np.ndarray, factors=(2, 2, 1), *, method: str = "mode",
                      voxel_offset=(0, 0, 0)) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Downsample an (x, y, z, channel) numpy array; returns (result, new voxel_offset)."""
     data = np.asarray(data)
     if data.ndim != 4:
-        raise ValueError(f"expected an (x, y, z, channel) array, got shape {data.shape}")
-    factors = tuple(int(f) for f in factors)
-    if len(factors) != 3 or min(factors) < 1:
-        raise ValueError(f"factors must be 3 positive integers, got {factors}")
-    if method not in ("mode", "mean"):
-        raise ValueError(f"method must be 'mode' or 'mean', got {method!r}")
-    geo = [_geometry(n, int(o), f) for n, o, f in zip(data.shape[:3], voxel_offset, factors)]
+        raise WriterError(f"expected an (x, y, z, channel) array, got shape {data.shape}")
+    factors = _factors(factors)
+    _check_method(method)
+    offset = _offset(voxel_offset)
+    geo = [_geometry(n, o, f) for n, o, f in zip(data.shape[:3], offset, factors)]
     new_off = tuple(g[1] for g in geo)
     out = np.empty((*(g[2] for g in geo), data.shape[3]), dtype=data.dtype)
     if out.size == 0:
@@ -153,12 +182,12 @@ def _default_method(da) -> str:
 def _downsample_da(da, factors, method):
     import xarray as xr
 
-    from .precomputed import as_scale
+    from .geometry import input_scale
 
-    sc = as_scale(da)
+    sc = input_scale(da)
     method = method or _default_method(da)
-    chan = [d for d in da.dims if d not in ("x", "y", "z")]
-    data = sc.var.data
+    chan = [sc.channel_dim] if sc.channel_dim else []
+    data = sc.xyzc
     if sc.is_dask:
         out, new_off = _dask_downsample(data, factors, method, sc.voxel_offset)
     else:
@@ -197,9 +226,12 @@ def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int
     """
     import xarray as xr
 
-    factors = tuple(int(f) for f in factors)
-    if len(factors) != 3 or min(factors) < 1:
-        raise ValueError(f"factors must be 3 positive integers, got {factors}")
+    factors = _factors(factors)
+    if method is not None:
+        _check_method(method)
+    if levels is not None and (isinstance(levels, bool) or not isinstance(levels, (int, np.integer))
+                               or levels < 1):
+        raise WriterError(f"levels must be a positive integer, got {levels!r}")
 
     def one(o):
         if isinstance(o, xr.DataArray):
@@ -209,12 +241,13 @@ def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int
                      if {"x", "y", "z"} <= set(v.dims)}
             attrs = {k: v for k, v in o.attrs.items() if k not in ("scale_key", "source")}
             return xr.Dataset(vars_, attrs=attrs)
-        raise TypeError(f"cannot downsample a {type(o).__name__}")
+        raise WriterError(f"cannot downsample a {type(o).__name__}; pass an xarray DataArray, "
+                          "Dataset or DataTree")
 
     if isinstance(obj, xr.DataTree):
         nodes = [n for n in obj.subtree if n.has_data]
         if not nodes:
-            raise ValueError("the DataTree holds no data to downsample")
+            raise WriterError("the DataTree holds no data to downsample")
         d = {n.path: n.to_dataset(inherit=False) for n in obj.subtree}
         last = nodes[-1].to_dataset(inherit=False)
         base = len(nodes)

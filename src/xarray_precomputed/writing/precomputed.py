@@ -44,6 +44,7 @@ from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box, shard_filename, shard_index_bytes
 from ..reading.shard_reader import forget_cached_indices
 from ..storage import TEMP_MARKER, LocalStore, open_store, strip_scheme_prefix
+from .geometry import InputScale, input_scales
 
 __all__ = ["to_precomputed", "choose_sharding", "encode_chunk", "build_shard", "WriterError",
            "WRITABLE_ENCODINGS"]
@@ -70,6 +71,9 @@ def choose_sharding(size, chunk_size, *, target_voxels: int, encoding: str = "ra
     preshift bits and the rest minishard bits; every remaining Morton bit is a shard bit, so
     each shard is an aligned box of chunks. gzip minishard indices; gzip chunk data except for
     jpeg. Returns None (unsharded) when a shard would hold a single chunk."""
+    size = _triple(size, "size", lo=0)
+    chunk_size = _triple(chunk_size, "chunk_size")
+    target_voxels = _int_option("target_voxels", target_voxels, 1)
     grid = [-(-int(s) // int(c)) for s, c in zip(size, chunk_size)]
     total = morton_bit_count(grid)
     chunk_voxels = math.prod(int(c) for c in chunk_size)
@@ -106,12 +110,30 @@ def build_shard(chunk_ids, blobs: Sequence[bytes], spec: ShardingSpec, *,
     chunks' data, by chunk id, followed by its minishard index: the [3, n] uint64le array of
     delta-coded ids, delta-coded starts (the first relative to the end of the shard index, later
     ones to the end of the previous chunk) and sizes."""
-    ids = np.asarray(chunk_ids, dtype=np.uint64).reshape(-1)
+    if not isinstance(spec, ShardingSpec):
+        raise WriterError(f"build_shard needs a ShardingSpec, got {type(spec).__name__}")
+    if isinstance(gzip_level, bool) or not isinstance(gzip_level, (int, np.integer)) or \
+            not 0 <= gzip_level <= 9:
+        raise WriterError(f"gzip_level must be an integer from 0 to 9, got {gzip_level!r}")
+    try:
+        ids = np.asarray(chunk_ids)
+        if ids.dtype.kind not in "iu" or (ids.dtype.kind == "i" and ids.size and ids.min() < 0):
+            raise TypeError
+        ids = ids.astype(np.uint64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        raise WriterError("chunk_ids must be non-negative integers (compressed Morton codes)"
+                          ) from None
     if len(ids) != len(blobs):
-        raise ValueError("chunk_ids and blobs differ in length")
+        raise WriterError(f"{len(ids)} chunk ids but {len(blobs)} blobs")
     if len(np.unique(ids)) != len(ids):
-        raise ValueError("chunk ids repeat")
-    _, minis = chunk_location(ids, spec)
+        raise WriterError("chunk ids repeat: a shard holds each chunk once")
+    shards, minis = chunk_location(ids, spec)
+    if len(np.unique(shards)) > 1:
+        raise WriterError(f"chunk ids of shards {sorted(set(shards.tolist()))[:4]} given; a shard "
+                          "file holds the chunks of one shard")
+    for i, b in enumerate(blobs):
+        if not isinstance(b, (bytes, bytearray, memoryview)):
+            raise WriterError(f"blob {i} (chunk id {int(ids[i])}) is a {type(b).__name__}, not bytes")
     order = np.lexsort((ids, minis))
     shard_index = np.zeros((1 << spec.minishard_bits, 2), dtype="<u8")
     parts: list[bytes] = [b""]
@@ -353,199 +375,51 @@ def _valid_shard(tgt: _Target, name: str, size: int, expected_ids: np.ndarray) -
 
 # ------------------------------------------------------------------------------ input handling
 
-_SPATIAL = ("x", "y", "z")
-_CHANNEL_NAMES = ("channel", "c", "channels")
-_UNIT_SCALE = {"nm": 1.0, "nanometer": 1.0, "nanometers": 1.0, "nanometre": 1.0,
-               "nanometres": 1.0, "um": 1e3, "µm": 1e3, "μm": 1e3, "micrometer": 1e3,
-               "micrometers": 1e3, "micrometre": 1e3, "micron": 1e3, "microns": 1e3,
-               "mm": 1e6, "millimeter": 1e6}
-
-
-def _pick_variable(obj, variable: str | None):
-    import xarray as xr
-
-    if isinstance(obj, xr.DataArray):
-        return obj, {}
-    if isinstance(obj, xr.Dataset):
-        names = list(obj.data_vars)
-        if variable is not None:
-            if variable not in obj.data_vars:
-                raise WriterError(f"variable {variable!r} not in the dataset; it has {names}")
-            return obj[variable], dict(obj.attrs)
-        if len(names) == 1:
-            return obj[names[0]], dict(obj.attrs)
-        for n in ("segmentation", "image"):
-            if n in obj.data_vars:
-                return obj[n], dict(obj.attrs)
-        raise WriterError(f"the dataset has {len(names)} data variables {names}; "
-                          "name the one to write with variable=")
-    raise WriterError(f"cannot write a {type(obj).__name__}; pass an xarray DataArray, Dataset "
-                      "or DataTree")
-
-
 def _format_res(r: float) -> str:
     return str(int(r)) if float(r).is_integer() else repr(float(r))
 
 
-def _axis_geometry(name: str, coord, n: int, hint_res, res_override, off_override):
-    """(resolution, voxel_offset) of one axis from its coordinate (voxel centres in nm)."""
-    if res_override is not None and off_override is not None:
-        return float(res_override), int(off_override)
-    if coord is None:
-        return (float(res_override if res_override is not None else hint_res or 1.0),
-                int(off_override or 0))
-    x = np.asarray(coord.values, dtype=np.float64)
-    units = str(coord.attrs.get("units", "nm")).strip()
-    scale = _UNIT_SCALE.get(units, _UNIT_SCALE.get(units.lower()))
-    if scale is None:
-        raise WriterError(f"coordinate {name!r} has units {units!r}; precomputed volumes are in "
-                          f"nanometres (known units: {sorted(set(_UNIT_SCALE))})")
-    exact = scale == 1.0
-    x = x * scale
-    if not np.all(np.isfinite(x)):
-        raise WriterError(f"coordinate {name!r} holds non-finite values")
-    candidates: list[float] = []
-    if res_override is not None:
-        candidates = [float(res_override)]
-    else:
-        if hint_res:
-            candidates.append(float(hint_res))
-        if n >= 2:
-            est = (x[-1] - x[0]) / (n - 1)
-            if not est > 0:
-                raise WriterError(f"coordinate {name!r} must increase (voxel centres in nm); "
-                                  f"it runs from {x[0]} to {x[-1]}")
-            candidates += [round(est, k) for k in range(0, 16)] + [est, float(x[1] - x[0])]
-        if not candidates:
-            raise WriterError(f"axis {name!r} has a single voxel: its resolution cannot be read "
-                              "from the coordinate; pass resolution=(rx, ry, rz)")
-    best = None
-    i = np.arange(n, dtype=np.float64)
-    for r in candidates:
-        if not r > 0:
-            continue
-        off = int(off_override) if off_override is not None else int(round(x[0] / r - 0.5))
-        err = float(np.max(np.abs((off + i + 0.5) * r - x)))
-        if err == 0.0 and exact:
-            return float(r), off
-        if best is None or err < best[0]:
-            best = (err, float(r), off)
-    err, r, off = best
-    if err <= 1e-9 * max(abs(r), float(np.max(np.abs(x)))) or (not exact and err <= 1e-6 * r):
-        return r, off
-    raise WriterError(
-        f"coordinate {name!r} is not the voxel centres of a regular grid, "
-        f"(voxel_offset + i + 0.5) * resolution nm (closest: resolution {r}, offset {off}, off "
-        f"by {err:g} nm); pass resolution= and voxel_offset=, or drop the coordinate")
+def _scales_of(obj, *, variable=None, resolution=None, voxel_offset=None) -> list[InputScale]:
+    out = [sc for _, sc in input_scales(obj, variable=variable, resolution=resolution,
+                                        voxel_offset=voxel_offset)]
+    for sc in out:
+        if sc.dtype.name not in DATA_TYPES:
+            raise WriterError(f"data type {sc.dtype} cannot be stored; precomputed volumes hold "
+                              f"{list(DATA_TYPES)} (convert with .astype first)")
+    return out
 
 
-@dataclass
-class _Scale:
-    var: Any               # xarray Variable, dims (x, y, z, channel)
-    size: tuple[int, int, int]
-    num_channels: int
-    dtype: np.dtype
-    resolution: tuple[float, float, float]
-    voxel_offset: tuple[int, int, int]
-    stored: dict           # the source's storage (its variable's .encoding): defaults to keep
-    vtype: str | None      # segmentation / image hint from the source
-    is_dask: bool
-    key_hint: str | None = None
-
-    def read(self, box) -> np.ndarray:
-        """An (x, y, z, channel) box of the data, as a numpy array (reads only that box)."""
-        sub = self.var[tuple(box) + (slice(None),)]
-        return np.asarray(sub.values)
-
-
-def as_scale(obj, *, variable=None, resolution=None, voxel_offset=None) -> _Scale:
-    da, ds_attrs = _pick_variable(obj, variable)
-    dims = list(da.dims)
-    missing = [d for d in _SPATIAL if d not in dims]
-    if missing:
-        raise WriterError(f"the array needs dims x, y and z (and optionally channel); it has "
-                          f"{tuple(dims)}")
-    chan = [d for d in dims if d in _CHANNEL_NAMES]
-    others = [d for d in dims if d not in _SPATIAL and d not in _CHANNEL_NAMES]
-    if others or len(chan) > 1:
-        raise WriterError(f"cannot write dims {tuple(others + chan[1:])}: a precomputed volume "
-                          "has x, y, z and one channel dim; select or stack them first")
-    var = da.variable
-    if chan:
-        var = var.transpose("x", "y", "z", chan[0])
-    else:
-        var = var.transpose("x", "y", "z")
-        var = var.set_dims({"channel": 1, **dict(zip(var.dims, var.shape))}).transpose(
-            "x", "y", "z", "channel")
-    dtype = np.dtype(var.dtype)
-    if dtype.name not in DATA_TYPES:
-        raise WriterError(f"data type {dtype} cannot be stored; precomputed volumes hold "
-                          f"{list(DATA_TYPES)} (convert with .astype first)")
-    attrs = dict(da.attrs)
-    hint_res = attrs.get("resolution")
-    rs, offs = [], []
-    for axis, name in enumerate(_SPATIAL):
-        coord = da.coords[name] if name in da.coords and da.coords[name].dims == (name,) else None
-        r, o = _axis_geometry(
-            name, coord, da.sizes[name],
-            hint_res[axis] if isinstance(hint_res, (list, tuple)) and len(hint_res) == 3 else None,
-            None if resolution is None else resolution[axis],
-            None if voxel_offset is None else voxel_offset[axis])
-        rs.append(r)
-        offs.append(o)
-    vtype = None
-    for cand in (da.name, attrs.get("type"), ds_attrs.get("type")):
-        if isinstance(cand, str) and cand.lower() in ("image", "segmentation"):
-            vtype = cand.lower()
-            break
-    stored = dict(da.encoding)
-    key_hint = stored.get("scale_key") if isinstance(stored.get("scale_key"), str) else None
-    if key_hint is not None and (not isinstance(hint_res, (list, tuple))
-                                 or [float(v) for v in hint_res] != rs):
-        key_hint = None
-    try:
-        import dask.array as dsa
-
-        is_dask = isinstance(var.data, dsa.Array)
-    except ImportError:
-        is_dask = False
-    return _Scale(var, tuple(int(da.sizes[n]) for n in _SPATIAL), int(var.shape[3]), dtype,
-                  tuple(rs), tuple(offs), stored, vtype, is_dask, key_hint)
-
-
-def _scales_of(obj, *, variable=None, resolution=None, voxel_offset=None) -> list[_Scale]:
-    import xarray as xr
-
-    if isinstance(obj, xr.DataTree):
-        out = []
-        for node in obj.subtree:
-            ds = node.to_dataset(inherit=False)
-            if not ds.data_vars:
-                continue
-            if variable is None and len(ds.data_vars) > 1:
-                root_type = obj.attrs.get("type")
-                ds_var = root_type if root_type in ds.data_vars else None
-            else:
-                ds_var = variable
-            if not ds.attrs.get("type") and obj.attrs.get("type"):
-                ds.attrs["type"] = obj.attrs["type"]
-            out.append(as_scale(ds, variable=ds_var))
-        if not out:
-            raise WriterError("the DataTree holds no data variables to write")
-        if resolution is not None or voxel_offset is not None:
-            raise WriterError("resolution=/voxel_offset= apply to one scale; a DataTree's scales "
-                              "take theirs from their coordinates")
-        return out
-    return [as_scale(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)]
+def _key_hint(sc: InputScale) -> str | None:
+    """The source's scale key, kept when the resolution is still the source's."""
+    key = sc.hint("key")
+    res = sc.attrs.get("resolution")
+    if not isinstance(key, str) or not isinstance(res, (list, tuple)) or \
+            [float(v) for v in res] != list(sc.resolution):
+        return None
+    return key
 
 
 # --------------------------------------------------------------------------------- the info
 
-def _triple(v, name) -> tuple[int, int, int]:
-    t = tuple(int(a) for a in v)
-    if len(t) != 3 or min(t) < 1:
-        raise WriterError(f"{name} must be 3 positive integers, got {v!r}")
+def _triple(v, name, lo: int = 1) -> tuple[int, int, int]:
+    try:
+        t = tuple(int(a) for a in v)
+        ok = not isinstance(v, (str, bytes)) and len(t) == 3 and min(t) >= lo and \
+            all(float(a) == b for a, b in zip(v, t))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        what = "positive" if lo >= 1 else "non-negative"
+        raise WriterError(f"{name} must be 3 {what} integers, got {v!r}")
     return t  # type: ignore[return-value]
+
+
+def _int_option(name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or \
+            (hi is not None and v > hi):
+        want = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise WriterError(f"{name} must be an integer {want}, got {v!r}")
+    return int(v)
 
 
 def _attr_json(v):
@@ -559,13 +433,12 @@ def _attr_json(v):
     return v
 
 
-def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding,
+def _scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, sharding,
                 shard_bytes, key, jpeg_quality, png_level) -> dict:
-    a = sc.stored
     dt = sc.dtype.name
     # encoding: given, else the source's (when we can write it), else by type
     if encoding is None:
-        src = a.get("precomputed_encoding")
+        src = sc.hint("encoding")
         ok = src in WRITABLE_ENCODINGS and _encoding_fits(src, dt, sc.num_channels)
         if ok:
             encoding = src
@@ -581,13 +454,13 @@ def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding
                           f"{list(chans) if chans else 'any number of'} channels; the data is "
                           f"{dt} with {sc.num_channels} channel(s)")
     if chunk_size is None:
-        src = a.get("chunk_size")
+        src = sc.hint("chunk_size")
         chunk_size = src if isinstance(src, (list, tuple)) and len(src) == 3 else DEFAULT_CHUNK_SIZE
         chunk_size = tuple(max(1, min(int(c), s)) if s else int(c)
                            for c, s in zip(chunk_size, sc.size))
     chunk = _triple(chunk_size, "chunk_size")
     d: dict[str, Any] = {
-        "key": key or sc.key_hint or "_".join(_format_res(r) for r in sc.resolution),
+        "key": key or _key_hint(sc) or "_".join(_format_res(r) for r in sc.resolution),
         "size": list(sc.size),
         "voxel_offset": list(sc.voxel_offset),
         "resolution": [float(r) if not float(r).is_integer() else int(r) for r in sc.resolution],
@@ -596,7 +469,7 @@ def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding
     }
     if encoding == "compressed_segmentation":
         if block_size is None:
-            src = a.get("compressed_segmentation_block_size")
+            src = sc.hint("compressed_segmentation_block_size")
             block_size = src if isinstance(src, (list, tuple)) and len(src) == 3 else DEFAULT_BLOCK_SIZE
         d["compressed_segmentation_block_size"] = list(_triple(block_size, "block size"))
     if encoding == "jpeg":
@@ -611,8 +484,8 @@ def _scale_json(sc: _Scale, *, vtype, encoding, chunk_size, block_size, sharding
         except ValueError as e:
             raise WriterError(f"sharding is not valid JSON: {e}") from None
     if sharding is None:
-        src = _attr_json(a.get("sharding"))
-        if isinstance(src, dict) and list(a.get("size", [])) == list(sc.size):
+        src = _attr_json(sc.hint("sharding"))
+        if isinstance(src, dict) and list(sc.hint("size") or []) == list(sc.size):
             spec = src
     elif sharding is False or (isinstance(sharding, str) and sharding.lower() in ("none", "")):
         spec = None
@@ -710,7 +583,7 @@ def _run_pool(fns, max_workers) -> list:
                 f.cancel()
 
 
-def _write_scale(sc: _Scale, tgt: _Target, *, resume: bool, block_bytes: int,
+def _write_scale(sc: InputScale, tgt: _Target, *, resume: bool, block_bytes: int,
                  max_workers: int) -> dict:
     """Write every chunk/shard object of one scale. Returns counters."""
     store = tgt.store
@@ -806,9 +679,9 @@ def _write_scale(sc: _Scale, tgt: _Target, *, resume: bool, block_bytes: int,
     return stats
 
 
-def _rechunked(sc: _Scale, tgt: _Target, box_cells) -> Any:
+def _rechunked(sc: InputScale, tgt: _Target, box_cells) -> Any:
     """The dask array (x, y, z, channel) rechunked to aligned boxes of `box_cells` chunks."""
-    arr = sc.var.data
+    arr = sc.xyzc
     chunks = []
     for axis in range(3):
         step = box_cells[axis] * tgt.chunk[axis]
@@ -929,7 +802,17 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     overwrite: replace a scale whose parameters differ from the existing info's (objects it
         does not rewrite stay).
     """
-    url = strip_scheme_prefix(str(os.fspath(url)))
+    try:
+        url = strip_scheme_prefix(str(os.fspath(url)))
+    except TypeError:
+        raise WriterError(f"url must be a path or URL string, got {type(url).__name__}") from None
+    jpeg_quality = _int_option("jpeg_quality", jpeg_quality, 1, 100)
+    png_level = _int_option("png_level", png_level, 0, 9)
+    gzip_level = _int_option("gzip_level", gzip_level, 0, 9)
+    shard_bytes = _int_option("shard_bytes", shard_bytes, 1)
+    block_bytes = _int_option("block_bytes", block_bytes, 1)
+    if max_workers is not None:
+        max_workers = _int_option("max_workers", max_workers, 1)
     scales = _scales_of(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)
     first = scales[0]
     for s in scales[1:]:
