@@ -4,6 +4,8 @@
 
 Every measurement runs in a fresh Python process (imports excluded from the timing, open included);
 readers alternate within each round; the table reports medians and ratios to the faster peer.
+The tables go to stdout, per-run seconds to benchmarks/results/latest.json, and the table of
+each workload run replaces its own in docs/benchmarks.md (`--no-docs`: not).
 
 W1  full read of each volume: ours via `.values` and via dask `chunks={}`, TensorStore `.read()`,
     CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
@@ -288,6 +290,8 @@ def main() -> None:
     ap.add_argument("--only", default="W1,W2,W3,W4,W5,W6")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
+    ap.add_argument("--no-docs", action="store_true",
+                    help="do not rewrite the tables of docs/benchmarks.md")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker)))
@@ -339,6 +343,30 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "latest.json").write_text(json.dumps({"|".join(k): v for k, v in results.items()}, indent=1))
+    if not args.no_docs:
+        write_docs(results, args.rounds)
+
+
+DOCS = HERE.parent / "docs" / "benchmarks.md"
+
+
+def write_docs(results, rounds: int) -> None:
+    """Replace, in docs/benchmarks.md, the table of each workload this run measured (between its
+    `<!-- run.py Wn -->` markers); the other workloads' tables and the prose stay as they are."""
+    import datetime
+
+    text = DOCS.read_text()
+    stamp = (f"*{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, Python "
+             f"{platform.python_version()}: `python benchmarks/run.py --rounds {rounds}`, medians.*")
+    for w in sorted({k[0] for k in results}):
+        begin, end = f"<!-- run.py {w} -->", f"<!-- /run.py {w} -->"
+        if begin not in text or end not in text:
+            continue
+        table = report({k: v for k, v in results.items() if k[0] == w}).split("\n", 2)[2].strip()
+        head, rest = text.split(begin, 1)
+        text = f"{head}{begin}\n{stamp}\n\n{table}\n{end}{rest.split(end, 1)[1]}"
+    DOCS.write_text(text)
+    print(f"tables written to {DOCS}", file=sys.stderr)
 
 
 def _med(rs, key):
