@@ -664,13 +664,12 @@ def test_open_datatree_and_guess(tmp_path):
     assert ep.guess_can_open(tmp_path)
 
 
-def test_readme_example_runs():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## DVID Arrow shard exports", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_docs_example_runs():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "dvid.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
     code = code.replace('"export-shards/"', repr(str(EXPORT))).replace('"mcns-ng-specs.json"', repr(str(INFO)))
     ns: dict = {}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, "docs/dvid.md", "exec"), ns)
     assert ns["block"].shape == (64, 64, 64, 1) and ns["block"].any()
     assert ns["seg"].shape == (512, 512, 64, 1) and set(ns["tree"].groups) == {"/", "/s1"}
 

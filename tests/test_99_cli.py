@@ -193,13 +193,12 @@ def test_errors_and_usage(volume, tmp_path, capsys):
     cli(capsys, "convert", volume, tmp_path / "o.zarr", "--max-shard-bytes", "lots", code=2)
 
 
-def test_readme_export_example_runs(volume, tmp_path, monkeypatch):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Command line and OME-Zarr export", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_docs_export_example_runs(volume, tmp_path, monkeypatch):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "ome-zarr.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
-    exec(compile(code.replace('"/data/seg"', repr(str(volume))), "README.md", "exec"), ns)
+    exec(compile(code.replace('"/data/seg"', repr(str(volume))), "docs/ome-zarr.md", "exec"), ns)
     assert ns["report"].written == sum(a.n_shards for a in ns["report"].arrays)
     assert np.array_equal(ts_zarr(tmp_path / "seg.zarr" / "s1"),
                           ts_read(volume, 1).transpose(3, 2, 1, 0))
