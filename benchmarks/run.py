@@ -10,13 +10,22 @@ each workload run replaces its own in docs/benchmarks.md (`--no-docs`: not).
 W1  full read of each volume: ours via `.values` and via dask `chunks={}`, TensorStore `.read()`,
     CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
     `dask-floor` is no reader: xarray + dask assembling the same shape, dtype and chunks from an
-    in-memory array, the bound for any reader's dask path. `write-floor` is no reader either:
+    in-memory array, the bound for any reader's dask path (`dask-floor-F`: from Fortran-ordered
+    blocks, which dask's C-ordered concatenation transposes). `-C`: ours with C-ordered results
+    instead of the default stored (Fortran) order. `write-floor` is no reader either:
     allocating the result and writing each byte once from two threads (first touch of the output).
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
 W4  dask.distributed LocalCluster, 2 worker processes, W1's sharded volume: GB/s and the storage
     requests each worker made.
+R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, uint64, each in
+    64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
+    stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
+    CloudVolume.
+D   dask reductions, `chunks={}` then `.max()`: ours in Fortran (default) and C-ordered blocks,
+    against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
+    chunks), on W1's volumes and the raw matrix's 128×128×32 volumes.
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
     (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
     TensorStore, CloudVolume.
@@ -59,7 +68,7 @@ def _cutouts(shape, n=500, size=64, seed=0):
 def worker(task: str, reader: str, path: str) -> dict:
     import numpy as np
 
-    if reader.startswith("ours") or reader in ("dask-floor", "write-floor"):
+    if reader.startswith("ours") or reader in ("dask-floor", "write-floor", "ts-dask"):
         import dask.array  # xarray imports it lazily on first use: an import, not work
         import xarray as xr
 
@@ -71,6 +80,8 @@ def worker(task: str, reader: str, path: str) -> dict:
         import xarray_precomputed.backends.precomputed
         from xarray_precomputed import storage
 
+        if reader.endswith("-C"):  # the memory order not chosen, for comparison
+            xarray_precomputed.backends.precomputed.RESULT_ORDER = "C"
         if task in ("W5", "W6"):  # remote clients are imported on the first remote open
             import aiohttp  # noqa: F401
             import fsspec.implementations.http  # noqa: F401
@@ -78,7 +89,7 @@ def worker(task: str, reader: str, path: str) -> dict:
                 import obstore  # noqa: F401
             except ImportError:
                 pass
-    elif reader == "ts":
+    if reader in ("ts", "ts-dask"):
         import tensorstore as ts
     elif reader == "cv":
         from cloudvolume import CloudVolume
@@ -89,17 +100,30 @@ def worker(task: str, reader: str, path: str) -> dict:
     base_rss = _rss_mb()
     result: dict = {}
     t0 = time.perf_counter()
-    if task == "W1":
-        if reader == "ours":
+    if task == "D":
+        if reader.startswith("ours"):
+            ds = xr.open_dataset(path, engine="precomputed", chunks={})
+            arr = ds[ds.attrs["type"]].data
+        else:
+            t = ts.open({"driver": "neuroglancer_precomputed",
+                         "kvstore": {"driver": "file", "path": path}}).result()
+            chunks = (*t.chunk_layout.read_chunk.shape[:3], t.shape[3])
+            arr = dask.array.from_array(t, chunks=chunks, asarray=True,
+                                        meta=np.empty((0,) * 4, t.dtype.numpy_dtype))
+        m = arr.max().compute()
+        result = {"seconds": time.perf_counter() - t0, "bytes": int(arr.nbytes),
+                  "checksum": int(m)}
+    elif task in ("W1", "R"):
+        if reader in ("ours", "ours-C"):
             ds = xr.open_dataset(path, engine="precomputed")
             a = ds[ds.attrs["type"]].values
-        elif reader == "ours-dask":
+        elif reader in ("ours-dask", "ours-dask-C"):
             ds = xr.open_dataset(path, engine="precomputed", chunks={})
             a = ds[ds.attrs["type"]].data.compute()
         elif reader == "ts":
             a = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result().read().result()
-        elif reader == "dask-floor":
+        elif reader in ("dask-floor", "dask-floor-F"):
             # No storage at all: the same xarray -> dask path over a backend array whose every
             # chunk is np.ones (a reader that costs only writing its chunk), with the volume's
             # shape, dtype and storage chunks. What dask and xarray alone cost to assemble the
@@ -108,7 +132,8 @@ def worker(task: str, reader: str, path: str) -> dict:
             s0 = info["scales"][0]
             shape = (*s0["size"], info["num_channels"])
             v = xr.Variable(("x", "y", "z", "channel"),
-                            xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"])))
+                            xr.core.indexing.LazilyIndexedArray(
+                                _Ones(shape, info["data_type"], "F" if reader.endswith("-F") else "C")))
             a = v.chunk(dict(zip(v.dims, (*s0["chunk_sizes"][0], info["num_channels"])))).data.compute()
         elif reader == "write-floor":
             # No storage, no decoding: allocate the result as our reader does and write each byte
@@ -215,7 +240,7 @@ def worker(task: str, reader: str, path: str) -> dict:
     return result
 
 
-def _Ones(shape, dtype):
+def _Ones(shape, dtype, order="C"):
     """A backend array of the given shape whose every read is np.ones: a reader that costs only
     writing its chunk."""
     import numpy as np
@@ -231,16 +256,15 @@ def _Ones(shape, dtype):
                                                       self._get)
 
         def _get(self, key):
-            return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype)
+            return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype,
+                           order=order)
 
     return Ones()
 
 
 def _worker_counts() -> dict:
     from xarray_precomputed import storage
-    from xarray_precomputed.format import sharding
     from xarray_precomputed.reading import shard_reader
-    from xarray_precomputed import util
 
     return {**storage.request_counts, **shard_reader.index_fetches}
 
@@ -287,7 +311,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", default="/tmp/xp-bench")
-    ap.add_argument("--only", default="W1,W2,W3,W4,W5,W6")
+    ap.add_argument("--only", default="W1,R,D,W2,W3,W4,W5,W6")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--no-docs", action="store_true",
@@ -298,13 +322,17 @@ def main() -> None:
         return
 
     from _bytecode import compile_package
-    from volumes import REMOTE_VOLUMES, build, build_remote
+    from volumes import RAW_CHUNKS, RAW_DTYPES, REMOTE_VOLUMES, build, build_raw, build_remote, raw_name
 
     compile_package()
     only = args.only.split(",")
     paths = build(Path(args.root)) if set(only) - {"W6"} else {}
     if "W6" in only:
         build_remote(Path(args.root) / "remote")
+    if "R" in only or "D" in only:
+        paths.update(build_raw(Path(args.root)))
+    raw_vols = [raw_name(d, c) for d in RAW_DTYPES for c in RAW_CHUNKS]
+    dask_vols = ["seg", "em", *(raw_name(d, "128x32") for d in RAW_DTYPES)]
     results: dict = {}
 
     def record(key, r):
@@ -314,8 +342,17 @@ def main() -> None:
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
-                for reader in ("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor"):
+                for reader in ("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor",
+                               "ours-C", "ours-dask-C", "dask-floor-F"):
                     record(("W1", vol, reader), run_one("W1", reader, paths[vol]))
+        if "R" in only:
+            for vol in raw_vols:
+                for reader in ("ours", "ts", "cv", "ours-C"):
+                    record(("R", vol, reader), run_one("R", reader, paths[vol]))
+        if "D" in only:
+            for vol in dask_vols:
+                for reader in ("ours-dask", "ts-dask", "ours-dask-C"):
+                    record(("D", vol, reader), run_one("D", reader, paths[vol]))
         if "W2" in only:
             for reader in ("ours", "ts", "cv"):
                 record(("W2", "seg", reader), run_one("W2", reader, paths["seg"]))
@@ -388,7 +425,8 @@ def report(results) -> str:
                   "--- | --- | --- | --- | ---"]
         for vol in ("seg", "em"):
             rates = {}
-            for reader in ("ours", "ours-dask", "ts", "cv", "dask-floor", "write-floor"):
+            for reader in ("ours", "ours-C", "ours-dask", "ours-dask-C", "ts", "cv", "dask-floor",
+                           "dask-floor-F", "write-floor"):
                 rs = results.get(("W1", vol, reader), [])
                 if rs:
                     rates[reader] = (_med(rs, "bytes") / _med(rs, "seconds") / 1e9, rs)
@@ -396,6 +434,24 @@ def report(results) -> str:
             for reader, (gbs, rs) in rates.items():
                 over = _med(rs, "peak_mb") - _med(rs, "bytes") / 2**20
                 lines.append(f"{vol} | {reader} | {gbs:.2f} | {gbs / peer:.2f}x | {over:+.0f}{_err(rs)}")
+        lines.append("")
+    for task, title, readers, peers in (
+            ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-C", "ts-dask"), ("ts-dask",))):
+        vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
+        if not vols:
+            continue
+        lines += [f"{title} | " + " | ".join(f"{r} GB/s" for r in readers)
+                  + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}",
+                  " | ".join(["---"] * (len(readers) + 3))]
+        for vol in vols:
+            rates = {r: _med(rs, "bytes") / _med(rs, "seconds") / 1e9
+                     for r in readers if (rs := results.get((task, vol, r)))}
+            peer = max((rates.get(r, float("nan")) for r in peers), default=float("nan"))
+            ours, other = rates.get(readers[0], float("nan")), rates.get(readers[1], float("nan"))
+            errs = "".join(_err(results.get((task, vol, r), [])) for r in readers)
+            lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}" for r in readers)
+                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{errs}")
         lines.append("")
     if any(k[0] == "W2" for k in results):
         lines += ["W2 500 random 64³ cutouts | reader | cold s | warm s | requests/cutout cold | warm",

@@ -4,6 +4,9 @@
   uint64 (each tile randomly flipped and relabelled), sharded compressed_segmentation with gzip
   minishard indices and data, identity hash (each shard an aligned box of chunks).
 - `em`: an EM-like uint8 raw image of the same size (smoothed noise), unsharded.
+- `raw-<dtype>-<chunk>`: the raw matrix, 1024×1024×64 of EM-like voxels as uint8 (`u8`), uint8 with
+  three channels (`u8x3`), uint16 (`u16`) and uint64 (`u64`), unsharded, in each common chunk
+  shape (`RAW_CHUNKS`: 64³, 128×128×32, 256×256×16, 1024×1024×1).
 - `mcns`: the male CNS `info` (../shared/data/dvid/mcns-ng-specs.json, 94088×78317×134576 at scale
   0) with one shard of scale 0 written around the middle of the volume.
 """
@@ -61,6 +64,52 @@ def _ts_write(path: Path, data: np.ndarray, vtype: str, scale: dict) -> None:
                  "multiscale_metadata": {"type": vtype, "data_type": str(data.dtype), "num_channels": 1},
                  "scale_metadata": scale}).result()
     t[...] = data[..., None]
+
+
+RAW_SHAPE = (1024, 1024, 64)
+RAW_CHUNKS = {"64c": (64, 64, 64), "128x32": (128, 128, 32), "256x16": (256, 256, 16),
+              "1024x1": (1024, 1024, 1)}
+RAW_DTYPES = ("u8", "u8x3", "u16", "u64")
+
+
+def raw_name(dtype: str, chunk: str) -> str:
+    return f"raw-{dtype}-{chunk}"
+
+
+def _raw_data(kind: str, em: np.ndarray) -> np.ndarray:
+    """XYZC voxels of one raw-matrix dtype, derived from one EM-like uint8 volume."""
+    if kind == "u8":
+        return em[..., None]
+    if kind == "u8x3":
+        return np.stack([em, 255 - em, np.roll(em, 7, axis=0)], axis=-1)
+    if kind == "u16":
+        return (em.astype(np.uint16) * 257 + np.arange(em.shape[2], dtype=np.uint16))[..., None]
+    return (em.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))[..., None]
+
+
+def build_raw(root: Path, force: bool = False) -> dict[str, Path]:
+    """The raw matrix (see the module docstring), written by TensorStore."""
+    import tensorstore as ts
+
+    paths = {raw_name(d, c): root / raw_name(d, c) for d in RAW_DTYPES for c in RAW_CHUNKS}
+    if not force and all((p / "info").exists() for p in paths.values()):
+        return paths
+    em = em_like(RAW_SHAPE, seed=3)
+    for kind in RAW_DTYPES:
+        data = _raw_data(kind, em)
+        for cname, chunk in RAW_CHUNKS.items():
+            path = paths[raw_name(kind, cname)]
+            if not force and (path / "info").exists():
+                continue
+            t = ts.open({"driver": "neuroglancer_precomputed",
+                         "kvstore": {"driver": "file", "path": str(path)},
+                         "create": True, "delete_existing": True,
+                         "multiscale_metadata": {"type": "image", "data_type": str(data.dtype),
+                                                 "num_channels": data.shape[3]},
+                         "scale_metadata": {"size": list(RAW_SHAPE), "chunk_size": list(chunk),
+                                            "resolution": [8, 8, 8], "encoding": "raw"}}).result()
+            t[...] = data
+    return paths
 
 
 def build(root: Path, force: bool = False) -> dict[str, Path]:
@@ -125,5 +174,8 @@ def build_remote(root: Path, force: bool = False) -> dict[str, Path]:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/xp-bench")
-    for name, p in build(out, force="--force" in sys.argv).items():
+    built = build(out, force="--force" in sys.argv)
+    if "--raw" in sys.argv:
+        built.update(build_raw(out, force="--force" in sys.argv))
+    for name, p in built.items():
         print(name, p)

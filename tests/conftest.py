@@ -62,9 +62,9 @@ def _garbage_in_uninitialised_results(monkeypatch):
 
     from xarray_precomputed.reading import volume
 
-    def allocate(shape, dtype):
-        a = np.empty(shape, dtype)
-        a.reshape(-1).view(np.uint8)[...] = 0xA5
+    def allocate(shape, dtype, order="C"):
+        a = np.empty(shape, dtype, order=order)
+        a.reshape(-1, order="A").view(np.uint8)[...] = 0xA5
         return a
 
     monkeypatch.setattr(volume, "_allocate_small", allocate)

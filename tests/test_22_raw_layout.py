@@ -30,6 +30,23 @@ def test_copy_matches_numpy(shape, nc, dtype, order, data):
     assert not big.any()
 
 
+@settings(max_examples=60, deadline=None)
+@given(shape=st.tuples(*[st.integers(1, 40)] * 3), nc=st.integers(1, 3),
+       dtype=st.sampled_from(["u1", "u2", "u8"]), data=st.data())
+def test_fortran_destination_whole_planes(shape, nc, dtype, data):
+    """Into a Fortran-ordered result as wide as the chunk (a 1024x1024x1 chunk into a full read),
+    whole x-y planes are copied at once."""
+    rng = np.random.default_rng(sum(shape))
+    chunk = rng.integers(0, 250, (*shape, nc)).astype(dtype)
+    z0 = data.draw(st.integers(0, shape[2] - 1))
+    nz = data.draw(st.integers(1, shape[2] - z0))
+    out = np.zeros((*shape[:2], nz + 2, nc), dtype, order="F")
+    view = out[:, :, 1:1 + nz]
+    copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, (0, 0, z0))
+    assert np.array_equal(view, chunk[:, :, z0:z0 + nz])
+    assert not out[:, :, 0].any() and not out[:, :, nz + 1].any()
+
+
 def test_copy_rejects_wrong_length_and_regions_outside_the_chunk():
     out = np.zeros((4, 4, 4, 1), np.uint8)
     with pytest.raises(ValueError, match="expected 64"):

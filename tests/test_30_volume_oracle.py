@@ -74,11 +74,12 @@ def test_shape_dtype_info(oracle_volume, name, k):
 # ---------------------------------------------------------------------------------------------
 # Full reads and sub-boxes
 
+@pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("name, k", SCALES)
-def test_full_read(oracle_volume, name, k):
+def test_full_read(oracle_volume, name, k, order):
     vol = oracle_volume(name)
-    got = Volume.open(vol.url).scale(k).read()
-    assert got.flags.c_contiguous
+    got = Volume.open(vol.url).scale(k).read(order=order)
+    assert got.flags.c_contiguous if order == "C" else got.flags.f_contiguous
     same(got, vol.truth[k])
 
 
@@ -92,16 +93,17 @@ def test_full_read_equals_written_data(oracle_volume, name):
         same(v.scale(k).read(), w)
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("name, k", SCALES)
-def test_random_boxes(oracle_volume, name, k):
+def test_random_boxes(oracle_volume, name, k, order):
     vol = oracle_volume(name)
     truth = vol.truth[k]
     r = Volume.open(vol.url).scale(k)
     rng = np.random.default_rng(seed(name, k))
     for box in random_boxes(truth.shape, rng, 12):
-        got = r.read(box)
+        got = r.read(box, order=order)
         same(got, truth[box])
-        assert got.flags.c_contiguous
+        assert got.flags.c_contiguous if order == "C" else got.flags.f_contiguous
 
 
 @pytest.mark.parametrize("name, k", SCALES)
@@ -139,8 +141,9 @@ def test_box_forms(oracle_volume, name):
 # ---------------------------------------------------------------------------------------------
 # Outer (orthogonal) indexing
 
+@pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("name, k", SCALES)
-def test_read_outer(oracle_volume, name, k):
+def test_read_outer(oracle_volume, name, k, order):
     vol = oracle_volume(name)
     truth = vol.truth[k]
     r = Volume.open(vol.url).scale(k)
@@ -157,7 +160,7 @@ def test_read_outer(oracle_volume, name, k):
         (slice(None, None, -3), slice(sy - 1, None, -2), np.array([0, sz - 1])),
     ]
     for ix, iy, iz in cases:
-        got = r.read_outer(ix, iy, iz)
+        got = r.read_outer(ix, iy, iz, order=order)
         want = truth[np.ix_(*(np.arange(n)[i] for i, n in zip((ix, iy, iz), (sx, sy, sz))))]
         same(got, want)
 
@@ -392,3 +395,9 @@ def test_reads_inside_one_shard_decoded_by_workers_read_the_same(oracle_volume, 
     rng = np.random.default_rng(seed(name, "one-shard"))
     for box in random_boxes(vol.truth[0].shape, rng, 6):
         same(r.read(box), vol.truth[0][box])
+
+
+def test_unknown_memory_order_is_refused(oracle_volume):
+    r = Volume.open(oracle_volume("raw_u8_c1_off0").url).scale(0)
+    with pytest.raises(PrecomputedError, match="order"):
+        r.read(order="A")

@@ -293,12 +293,20 @@ def test_chained_lazy_indexing(volumes, volume):
         r.values, t[2:35:2][[7, 0, 3]][:, ::-3][:, :, 4:15][..., [2, 1]][:, -2])
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("volume", list(VOLUMES))
-def test_full_read_and_second_scale(volumes, volume):
+def test_full_read_and_second_scale(volumes, volume, order, monkeypatch):
+    """`.values` in either memory order the backend can be set to (F, the stored order, is the
+    default: docs/design.md, "Memory order")."""
+    from xarray_precomputed.backends import precomputed
+
+    monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
     path, truth, _ = volumes[volume]
     for k in (0, 1):
         ds = xr.open_dataset(path, engine="precomputed", scale=k)
-        np.testing.assert_array_equal(ds[VOLUMES[volume][0]].values, truth[k])
+        values = ds[VOLUMES[volume][0]].values
+        np.testing.assert_array_equal(values, truth[k])
+        assert values.flags.f_contiguous if order == "F" else values.flags.c_contiguous
 
 
 def test_sel_by_physical_coordinate(volumes):

@@ -115,7 +115,11 @@ def img(tmp_path_factory):
                  id="explicit-whole-axes-split-channels",
                  marks=pytest.mark.filterwarnings("ignore:The specified chunks separate")),
 ])
-def test_chunks_compute_matches_tensorstore(seg, chunks, expected):
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_chunks_compute_matches_tensorstore(seg, chunks, expected, order, monkeypatch):
+    from xarray_precomputed.backends import precomputed
+
+    monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
     path, truth = seg
     da = xr.open_dataset(path, engine="precomputed", chunks=chunks)["segmentation"]
     assert isinstance(da.data, dask.array.Array)

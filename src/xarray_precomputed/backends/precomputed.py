@@ -27,6 +27,9 @@ from .conventions import (
 )
 
 DIMS = ("x", "y", "z", "channel")
+# Memory order of the blocks the backend hands to xarray (and so of `.values` and of every dask
+# block): the stored order, chosen by measurement (docs/design.md, "Memory order").
+RESULT_ORDER = "F"
 
 
 class PrecomputedBackendArray(BackendArray):
@@ -51,7 +54,7 @@ class PrecomputedBackendArray(BackendArray):
                 squeeze.append(axis)
             else:
                 spatial.append(k)
-        data = self.reader.read_outer(*spatial)
+        data = self.reader.read_outer(*spatial, order=RESULT_ORDER)
         data = data[..., key[3]]
         return data.reshape([n for i, n in enumerate(data.shape) if i not in squeeze]) \
             if squeeze else data

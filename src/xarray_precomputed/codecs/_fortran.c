@@ -1,7 +1,7 @@
 /*
  * Copying a stored chunk (Fortran order: x fastest, then y, z, channel) into a region of the
- * caller's XYZC array, whatever its strides. The result arrays are C-ordered (channel, then z
- * fastest), so this is a transpose; numpy's generic strided copy does it element by element with
+ * caller's XYZC array, whatever its strides. Into a Fortran-ordered result this is a copy of
+ * rows; into a C-ordered one (channel, then z fastest) it is a transpose; numpy's generic strided copy does it element by element with
  * a cache miss per element. Here it is done in small square tiles of the x-z plane so that both
  * the reads and the writes of a tile stay in cache. The GIL is released while copying.
  */
@@ -162,6 +162,26 @@ DEFINE_COPY(copy_u16, uint16_t)
 DEFINE_COPY(copy_u32, uint32_t)
 DEFINE_COPY(copy_u64, uint64_t)
 
+/* x contiguous in the destination too (a Fortran-ordered result, the stored order): no
+ * transpose, each stored x-row is one memcpy. */
+static void copy_rows(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz,
+                      Py_ssize_t nc, Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc,
+                      const Py_ssize_t *ds, Py_ssize_t itemsize)
+{
+    Py_ssize_t row = nx * itemsize;
+    for (Py_ssize_t c = 0; c < nc; c++)
+        for (Py_ssize_t z = 0; z < nz; z++) {
+            const char *s = src + (z * ssz + c * ssc) * itemsize;
+            char *d = dst + z * ds[2] + c * ds[3];
+            if (ny > 1 && ds[1] == row && ssy == nx) {
+                memcpy(d, s, row * ny); /* whole x-y plane of the chunk in the result */
+                continue;
+            }
+            for (Py_ssize_t y = 0; y < ny; y++)
+                memcpy(d + y * ds[1], s + y * ssy * itemsize, row);
+        }
+}
+
 static int parse3(PyObject *seq, Py_ssize_t out[3], const char *what)
 {
     PyObject *fast = PySequence_Fast(seq, what);
@@ -242,7 +262,9 @@ static PyObject *copy_fortran_chunk(PyObject *self, PyObject *args)
     char *dst = PyArray_BYTES(out);
     Py_ssize_t nx = dims[0], ny = dims[1], nz = dims[2];
     Py_BEGIN_ALLOW_THREADS
-    switch (itemsize) {
+    if (ds[0] == itemsize) {
+        copy_rows(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, itemsize);
+    } else switch (itemsize) {
     case 1: copy_u8(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, stream); break;
     case 2: copy_u16(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;
     case 4: copy_u32(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds); break;

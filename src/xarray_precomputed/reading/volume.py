@@ -55,8 +55,8 @@ REMOTE_IN_FLIGHT = IO_THREADS
 WHOLE_SHARD_MAX_BYTES = 256 << 20
 
 
-def _result(shape, dtype) -> tuple[np.ndarray, bool]:
-    """A result array and whether it is already zeroed.
+def _result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
+    """A result array in memory order `order` ("C" or "F") and whether it is already zeroed.
 
     Small results are left uninitialised (every voxel is then written by a decoder, or zeroed
     because its chunk is missing): zeroing heap memory first cost ~0.15 ms per 256 KiB chunk task.
@@ -67,9 +67,9 @@ def _result(shape, dtype) -> tuple[np.ndarray, bool]:
     from. They also start on a 64-byte line, so that codecs can stream whole lines into them."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < LARGE_RESULT_BYTES:
-        return _allocate_small(shape, dtype), False
+        return _allocate_small(shape, dtype, order=order), False
     if _set_hugepage is None:
-        return np.zeros(shape, dtype), True
+        return np.zeros(shape, dtype, order=order), True
     with _hugepage_lock:
         previous = _set_hugepage(False)
         try:
@@ -77,7 +77,7 @@ def _result(shape, dtype) -> tuple[np.ndarray, bool]:
         finally:
             _set_hugepage(previous)
     skip = -raw.ctypes.data % 64
-    return raw[skip:skip + nbytes].view(dtype).reshape(shape), True
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
 
 
 _allocate_small = np.empty  # tests replace it with an allocator that fills in garbage
@@ -215,17 +215,20 @@ class ScaleReader:
         return f"<ScaleReader {self.url!r} scale {self.scale_info.key!r} shape {self.shape}>"
 
     # -- public reads
-    def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
-        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as a C-ordered
-        (X, Y, Z, C) array. None reads the whole scale."""
+    def read(self, box: Sequence[slice] | None = None, *, order: str = "C") -> np.ndarray:
+        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as an
+        (X, Y, Z, C) array in memory order `order`: "C", or "F", the stored order (x fastest,
+        channel slowest), which raw chunks copy into as rows (see docs/design.md, "Memory
+        order"). None reads the whole scale."""
         s = self.scale_info
-        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset))
+        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset), order)
 
-    def read_outer(self, ix, iy, iz) -> np.ndarray:
+    def read_outer(self, ix, iy, iz, *, order: str = "C") -> np.ndarray:
         """The outer product of three index selections (each a slice, possibly strided, or a 1-D
-        array of non-negative indices) of every channel, as a C-ordered (X, Y, Z, C) array."""
+        array of non-negative indices) of every channel, as an (X, Y, Z, C) array in memory
+        order `order` ("C" or "F", as for `read`)."""
         s = self.scale_info
-        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset))
+        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset), order)
 
     def __getitem__(self, key) -> np.ndarray:
         """`scale[x0:x1, y0:y1, z0:z1]` in voxel coordinates: x from voxel_offset[0] to
@@ -250,8 +253,10 @@ class ScaleReader:
         name = chunk_key(cell, self.chunk_size, s.size, s.voxel_offset)
         return f"{s.path}/{name}" if s.path else name
 
-    def _read(self, sel: list) -> np.ndarray:
-        out, zeroed = _result((*selection_shape(sel), self.info.num_channels), self.dtype)
+    def _read(self, sel: list, order: str = "C") -> np.ndarray:
+        if order not in ("C", "F"):
+            raise PrecomputedError(f"order must be 'C' or 'F', not {order!r}")
+        out, zeroed = _result((*selection_shape(sel), self.info.num_channels), self.dtype, order)
         if out.size == 0:
             return out
         parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
@@ -385,10 +390,13 @@ class ScaleReader:
             one(0)
             return
         pool = cpu_pool()
-        # x varies fastest: chunks that run at the same time then write disjoint pages of the
-        # C-ordered result (z-neighbours share every page, and first-touching one page from
-        # several threads at once costs repeated faults; measured ~60% more faults).
-        order = np.lexsort((cells[:, 0], cells[:, 1], cells[:, 2])).tolist()
+        # Chunks that run at the same time should write disjoint pages of the result
+        # (first-touching one page from several threads at once costs repeated faults; measured
+        # ~60% more faults): in a C-ordered result z-neighbours share every page, so x varies
+        # fastest; in a Fortran-ordered one x-neighbours do, so z varies fastest.
+        keys = (cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2] \
+            else (cells[:, 0], cells[:, 1], cells[:, 2])
+        order = np.lexsort(keys).tolist()
         if store.batches_reads:
             # A remote store: batches of chunks are fetched with concurrent requests, many batches
             # at once, so that latency, not the number of threads, bounds the requests in flight.
