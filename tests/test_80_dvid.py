@@ -344,6 +344,11 @@ def test_read_and_read_outer_agree(real_cells):
     got = r.read_outer(ix, slice(lo[1], lo[1] + 100, 3), lo[2] + 50)
     np.testing.assert_array_equal(got, full[[0, 5, 63, 64, 99], ::3, 50:51])
     np.testing.assert_array_equal(r.chunk(cell), r.read(tuple(slice(c * 64, c * 64 + 64) for c in cell))[..., 0])
+    fortran = r.read(box, order="F")
+    assert fortran.flags.f_contiguous
+    np.testing.assert_array_equal(fortran, full)
+    np.testing.assert_array_equal(r.read_outer(ix, slice(lo[1], lo[1] + 100, 3), lo[2] + 50, order="F"),
+                                  got)
 
 
 # --------------------------------------------------------------------------- index variants

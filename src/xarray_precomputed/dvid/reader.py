@@ -1,6 +1,6 @@
 """A reader for one scale of a DVID export-shards directory, with the interface of
 `xarray_precomputed.volume.ScaleReader`: `read(box)` and `read_outer(ix, iy, iz)` return
-C-ordered (X, Y, Z, 1) uint64 arrays; small and picklable (URL + info text)."""
+(X, Y, Z, 1) uint64 arrays (C or Fortran order); small and picklable (URL + info text)."""
 
 from __future__ import annotations
 
@@ -122,17 +122,17 @@ class DvidScaleReader:
         return ShardFiles(open_store(self.url, self.storage_options), self.boxes)
 
     # -- public reads
-    def read(self, box: Sequence[slice] | None = None) -> np.ndarray:
-        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) as a C-ordered (X, Y, Z, 1)
-        uint64 array. None reads the whole scale."""
+    def read(self, box: Sequence[slice] | None = None, *, order: str = "C") -> np.ndarray:
+        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) as an (X, Y, Z, 1) uint64 array
+        in memory order `order` ("C" or "F"). None reads the whole scale."""
         s = self.scale_info
-        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset))
+        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset), order)
 
-    def read_outer(self, ix, iy, iz) -> np.ndarray:
+    def read_outer(self, ix, iy, iz, *, order: str = "C") -> np.ndarray:
         """The outer product of three selections (a slice, possibly strided, or a 1-D array of
-        non-negative indices per axis) as a C-ordered (X, Y, Z, 1) uint64 array."""
+        non-negative indices per axis) as an (X, Y, Z, 1) uint64 array in memory order `order`."""
         s = self.scale_info
-        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset))
+        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset), order)
 
     def __getitem__(self, key) -> np.ndarray:
         """`scale[x0:x1, y0:y1, z0:z1]` in voxel coordinates, as `ScaleReader[...]`."""
@@ -162,8 +162,10 @@ class DvidScaleReader:
         return decode_block(raw, labels=labels, expected_shape=self.chunk_size, chunk=where,
                             out=out)
 
-    def _read(self, sel: list) -> np.ndarray:
-        out = np.zeros((*selection_shape(sel), 1), dtype=np.uint64)
+    def _read(self, sel: list, order: str = "C") -> np.ndarray:
+        if order not in ("C", "F"):
+            raise PrecomputedError(f"order must be 'C' or 'F', not {order!r}")
+        out = np.zeros((*selection_shape(sel), 1), dtype=np.uint64, order=order)
         if out.size == 0:
             return out
         parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
