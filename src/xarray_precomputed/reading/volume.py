@@ -1,5 +1,5 @@
 """The volume reader: a box or an outer selection of one scale -> grid cells -> stored bytes ->
-decoded voxels in one C-ordered XYZC numpy array.
+decoded voxels in one XYZC numpy array, C- or Fortran-ordered as the caller asks.
 
 `read` and `read_outer` take 0-based array indices (voxel coordinate minus the scale's
 voxel_offset); `scale[...]` takes voxel coordinates, as TensorStore and CloudVolume index.
