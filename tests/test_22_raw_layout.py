@@ -1,4 +1,5 @@
-"""The raw codec's C copy (Fortran chunk -> any-strided XYZC region) against numpy's own copy."""
+"""The raw codec: its C copy (Fortran chunk -> any-strided XYZC region) and its encoder (XYZC ->
+Fortran-order little-endian bytes), both against numpy's own copy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import oracle
-from xarray_precomputed.codecs.raw import copy_fortran_chunk
+from xarray_precomputed.codecs.raw import copy_fortran_chunk, encode
 
 
 @settings(max_examples=150, deadline=None)
@@ -96,3 +97,12 @@ def test_uint8_streamed_rows(shape, origin, extent, zpad, stream):
     o = origin
     assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
     assert not big[:, :, extent[2]:].any()
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "uint32", "uint64", "float32"])
+def test_raw_chunk_bytes_are_fortran_order(dtype):
+    data = oracle.make_data((13, 9, 7, 3), dtype, 1)
+    for arr in (data, data[..., :1], data[2:11, ::2, 1:], np.asfortranarray(data)):
+        assert encode(arr) == arr.astype(arr.dtype.newbyteorder("<")).tobytes(order="F")
+    big_endian = data.astype(data.dtype.newbyteorder(">"))
+    assert encode(big_endian) == data.astype(data.dtype.newbyteorder("<")).tobytes(order="F")

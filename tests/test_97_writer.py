@@ -1,6 +1,6 @@
 """Writing precomputed volumes: to_precomputed round-trips read back by TensorStore, CloudVolume,
 the PyPI compressed_segmentation decoder and our reader; sharded byte layout against TensorStore
-and the spec vectors; resume after an interrupted write; the compressed_segmentation encoder;
+and the spec vectors; resume after an interrupted write;
 downsample against numpy references."""
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ import xarray_precomputed as xp
 from xarray_precomputed import ShardingSpec, storage
 from xarray_precomputed.format import sharding as sharding_fmt
 from xarray_precomputed.writing import precomputed as writer
-from xarray_precomputed.codecs.compressed_segmentation import decode as our_cseg_decode
 from xarray_precomputed.writing.downsample import downsample_array
-from xarray_precomputed.codecs.compressed_segmentation import encode as cseg_encode
 from xarray_precomputed.format.morton import compressed_morton
 from xarray_precomputed.writing.precomputed import WriterError, build_shard, choose_sharding
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIB25 = SHARED / "data" / "neuroglancer" / "fib25-64x64x64-raw-uint64-segmentation.dat"
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -224,13 +221,6 @@ def test_dask_and_numpy_write_identical_bytes(tmp_path):
                               sharding=sh, shard_bytes=20000, block_bytes=8 * 8 * 4 * 8 * 2)
             outs.append(shard_files(p))
         assert outs[0] == outs[1]
-
-
-@pytest.mark.parametrize("dtype", ["uint8", "int16", "uint32", "uint64", "float32"])
-def test_raw_chunk_bytes_are_fortran_order(dtype):
-    data = oracle.make_data((13, 9, 7, 3), dtype, 1)
-    for arr in (data, data[..., :1], data[2:11, ::2, 1:], np.asfortranarray(data)):
-        assert writer.encode_chunk(arr, "raw") == arr.astype(arr.dtype.newbyteorder("<")).tobytes(order="F")
 
 
 def test_jpeg_round_trip(tmp_path):
@@ -590,57 +580,6 @@ def test_write_empty_chunks_false(tmp_path):
                       chunk_size=(8, 8, 4), write_empty_chunks=False)
     assert len(shard_files(p)) == 1
     check_readers(p, data)
-
-
-# ----------------------------------------------------------------- compressed_segmentation
-
-def _fib25():
-    return np.fromfile(FIB25, dtype="<u8").reshape((64, 64, 64), order="F")
-
-
-@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
-@pytest.mark.parametrize("block", [(8, 8, 8), (4, 4, 4), (3, 5, 7), (64, 64, 64), (1, 1, 1)])
-def test_cseg_encoder_decodes_identically(dtype, block):
-    cube = _fib25()
-    rng = np.random.default_rng(sum(block))
-    cases = [cube[:37, 5:50, 20:47].astype(dtype)[..., None],
-             np.stack([cube[:20, :21, :22], cube[10:30, 3:24, 1:23][::-1]], axis=3).astype(dtype),
-             rng.integers(0, np.iinfo(dtype).max, (9, 10, 11, 1), dtype=dtype, endpoint=True),
-             np.full((5, 6, 7, 1), np.iinfo(dtype).max, dtype=dtype)]
-    for a in cases:
-        blob = cseg_encode(a, block)
-        shape = a.shape[:3]
-        ours = our_cseg_decode(blob, chunk_shape=shape, block_size=block, num_channels=a.shape[3],
-                               dtype=dtype)
-        same(ours, a)
-        theirs = pypi_cseg.decompress(blob, a.shape, np.dtype(dtype), block, order="F")
-        same(np.asarray(theirs).reshape(a.shape), a)
-
-
-def test_cseg_encoder_spec_cases():
-    """The golden arrays of compressed-segmentation.md, encoded by us, decode back."""
-    cases = [((2, 2, 2), (2, 2, 1), [4, 3, 5, 4, 1, 3, 3, 3]),
-             ((2, 2, 4), (2, 2, 1), [4, 3, 5, 4, 1, 3, 3, 3, 3, 1, 1, 1, 5, 5, 3, 4]),
-             ((2, 2, 4), (2, 2, 1), [3] * 16),
-             ((2, 2, 1), (3, 2, 1), [4, 3, 4, 3])]
-    for shape, block, vals in cases:
-        for dt in (np.uint32, np.uint64):
-            a = np.array(vals, dtype=dt).reshape(shape, order="F")[..., None]
-            blob = cseg_encode(a, block)
-            same(our_cseg_decode(blob, chunk_shape=shape, block_size=block, num_channels=1,
-                                 dtype=dt), a)
-    # zero bits: one table entry per uniform block, no values; shared tables
-    blob = cseg_encode(np.full((2, 2, 4, 1), 3, np.uint64), (2, 2, 1))
-    words = np.frombuffer(blob, "<u4")
-    assert words[0] == 1 and len(words) == 1 + 8 + 2
-    assert all(w >> 24 == 0 for w in words[1:9:2])
-
-
-def test_cseg_sizes_match_pypi_encoder():
-    cube = _fib25()[..., None]
-    ours = cseg_encode(cube, (8, 8, 8))
-    theirs = pypi_cseg.compress(np.asfortranarray(cube[..., 0]), (8, 8, 8), order="F")
-    assert len(ours) <= len(theirs)
 
 
 # --------------------------------------------------------------------------------- downsample
