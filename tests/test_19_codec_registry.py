@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import oracle
 import xarray_precomputed as xp
 from xarray_precomputed import codecs
 from xarray_precomputed.codecs.registry import CODECS, Codec
@@ -152,3 +153,179 @@ def test_format_layer_loads_no_optional_codec_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------- every writable encoding: encode -> TensorStore reads
+
+SHAPE, CHUNK, OFFSET, BLOCK = (21, 13, 7), (8, 8, 4), (2, -3, 1), (4, 4, 2)
+
+
+def _combinations():
+    """(encoding, data type, channels) for every data type each writable encoding stores, with
+    1-3 channels (its allowed counts when it limits them)."""
+    for name, codec in CODECS.items():
+        if not codec.writable:
+            continue
+        for dt in codec.data_types or DATA_TYPES:
+            for nc in codec.channels or (1, 2, 3):
+                yield name, dt, nc
+
+
+COMBINATIONS = list(_combinations())
+
+
+def _data(encoding, dtype, nc, shape=SHAPE):
+    if encoding == "jpeg":  # lossy: smooth data, compared within a tolerance
+        g = np.indices((*shape, nc)).astype(np.float64)
+        return (120 + 60 * np.sin(g[0] / 6 + g[3]) * np.cos(g[1] / 5) + 20 * np.sin(g[2] / 3)
+                ).astype(np.uint8)
+    return oracle.make_data((*shape, nc), dtype, sum(map(ord, encoding)) + nc,
+                            labels=encoding == "compressed_segmentation")
+
+
+def _chunks(shape, chunk, offset):
+    """(file name, 0-based box) of every chunk, edge chunks truncated."""
+    for cell in itertools.product(*(range(-(-n // c)) for n, c in zip(shape, chunk))):
+        box = tuple(slice(g * c, min((g + 1) * c, n)) for g, c, n in zip(cell, chunk, shape))
+        yield "_".join(f"{o + b.start}-{o + b.stop}" for o, b in zip(offset, box)), box
+
+
+def _write_with_registry(path: Path, data: np.ndarray, encoding: str) -> Path:
+    """An unsharded volume whose info is written here and whose chunks are the registry's
+    encoder's output, nothing of the writer involved."""
+    scale = {"key": "s0", "size": list(data.shape[:3]), "voxel_offset": list(OFFSET),
+             "resolution": [4, 4, 40], "chunk_sizes": [list(CHUNK)], "encoding": encoding}
+    if encoding == "compressed_segmentation":
+        scale["compressed_segmentation_block_size"] = list(BLOCK)
+    (path / "s0").mkdir(parents=True)
+    oracle.write_info(path, {"@type": "neuroglancer_multiscale_volume", "type": "image",
+                             "data_type": data.dtype.name, "num_channels": data.shape[3],
+                             "scales": [scale]})
+    codec = CODECS[encoding]
+    for name, box in _chunks(data.shape[:3], CHUNK, OFFSET):
+        (path / "s0" / name).write_bytes(codec.encode(data[box], block_size=BLOCK,
+                                                      jpeg_quality=95, png_level=3))
+    return path
+
+
+def _bitwise_equal(a, b) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    u = f"u{a.dtype.itemsize}"
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(u), b.view(u))
+
+
+@pytest.mark.parametrize("encoding, dtype, nc", COMBINATIONS)
+def test_encoded_chunks_read_back_by_tensorstore(tmp_path, encoding, dtype, nc):
+    data = _data(encoding, dtype, nc)
+    path = _write_with_registry(tmp_path / "v", data, encoding)
+    theirs = oracle.ts_read(path)
+    ours = xp.Volume.open(str(path)).scale(0).read()
+    if encoding == "jpeg":
+        # both decode with libjpeg's accurate DCT: identical pixels, near the source
+        assert _bitwise_equal(ours, theirs)
+        assert np.abs(theirs.astype(int) - data).max() <= 8
+    else:
+        assert _bitwise_equal(theirs, data)
+        assert _bitwise_equal(ours, data)
+
+
+# -------------------------------------------------------- the resume check: plausible or not
+
+class _Fetch:
+    """`fetch` over one blob, counting the bytes handed out."""
+
+    def __init__(self, blob: bytes):
+        self.blob, self.given = blob, 0
+
+    def __call__(self, ranges):
+        out = [self.blob[a:b] for a, b in ranges]
+        self.given += sum(map(len, out))
+        return out
+
+
+def _plausible(codec, blob, shape, dtype, nc, **kw) -> bool:
+    return codec.plausible(_Fetch(blob), len(blob), chunk_shape=shape, dtype=dtype,
+                           num_channels=nc, **{"block_size": BLOCK, **kw})
+
+
+@pytest.mark.parametrize("encoding, dtype, nc", COMBINATIONS)
+def test_plausible_accepts_encoded_chunks_and_refuses_damaged_ones(encoding, dtype, nc):
+    codec = CODECS[encoding]
+    data = _data(encoding, dtype, nc)
+    rng = np.random.default_rng(7)
+    step = 4 if encoding == "compressed_segmentation" else 1  # keep whole words: a real check
+    for _, box in _chunks(SHAPE, CHUNK, OFFSET):
+        chunk = data[box]
+        shape = chunk.shape[:3]
+        blob = codec.encode(chunk, block_size=BLOCK, jpeg_quality=90, png_level=3)
+        assert _plausible(codec, blob, shape, dtype, nc), (encoding, shape)
+        for cut in (step, 2 * step, len(blob) // 2 // step * step, len(blob) - step):
+            assert not _plausible(codec, blob[:-cut], shape, dtype, nc), (encoding, shape, cut)
+        wider = (2 * shape[0], *shape[1:])
+        assert not _plausible(codec, blob, wider, dtype, nc), (encoding, shape)
+        if encoding == "raw":
+            continue  # no header: its length is all there is to check
+        zeroed = bytes(8) + blob[8:]
+        noise = rng.integers(0, 256, len(blob), dtype=np.uint8).tobytes()
+        other = CODECS["png" if encoding == "jpeg" else "jpeg"].encode(
+            np.zeros((*shape, 1), np.uint8))
+        for bad in (zeroed, noise, other):
+            assert not _plausible(codec, bad, shape, dtype, nc), (encoding, shape)
+        if codec.channels is not None:
+            for wrong in set(codec.channels) - {nc}:
+                assert not _plausible(codec, blob, shape, dtype, wrong), (encoding, wrong)
+        if encoding == "png":
+            other_dtype = "uint16" if dtype == "uint8" else "uint8"
+            assert not _plausible(codec, blob, shape, other_dtype, nc)
+
+
+@pytest.mark.parametrize("encoding", writer.WRITABLE_ENCODINGS)
+def test_plausible_reads_a_few_bytes_of_a_big_chunk(encoding):
+    codec = CODECS[encoding]
+    dtype = (codec.data_types or ("uint64",))[-1]
+    data = _data(encoding, dtype, 1, shape=(64, 64, 64))
+    blob = codec.encode(data, block_size=(8, 8, 8), jpeg_quality=90, png_level=3)
+    fetch = _Fetch(blob)
+    assert codec.plausible(fetch, len(blob), chunk_shape=(64, 64, 64), dtype=dtype,
+                           num_channels=1, block_size=(8, 8, 8))
+    # the cseg check reads its block headers: 8 bytes per block, 512 blocks here
+    assert fetch.given <= 4100 + 2 and fetch.given < len(blob) / 8
+
+
+@pytest.mark.parametrize("encoding", writer.WRITABLE_ENCODINGS)
+def test_resume_rewrites_truncated_and_foreign_chunks(tmp_path, encoding):
+    codec = CODECS[encoding]
+    dtype = (codec.data_types or ("uint16",))[0]
+    nc = (codec.channels or (2,))[0]
+    data = _data(encoding, dtype, nc)
+    da = xr.DataArray(data, dims=("x", "y", "z", "channel"))
+    p = tmp_path / "v"
+    kw = dict(encoding=encoding, chunk_size=CHUNK, sharding=False, jpeg_quality=90)
+    xp.to_precomputed(da, str(p), **kw)
+    want = oracle.ts_read(p)
+    files = sorted(f for f in next(d for d in p.iterdir() if d.is_dir()).iterdir())
+    assert len(files) == 3 * 2 * 2
+    blob = files[0].read_bytes()
+    files[0].write_bytes(blob[:len(blob) - 4])
+    if encoding == "raw":
+        files[5].write_bytes(b"")
+    else:
+        files[5].write_bytes(bytes(8) + files[5].read_bytes()[8:])
+    from xarray_precomputed import storage
+
+    before = storage.request_counts["write"]
+    xp.to_precomputed(da, str(p), resume=True, **kw)
+    assert storage.request_counts["write"] - before == 2 + 1  # the two damaged chunks, the info
+    assert _bitwise_equal(oracle.ts_read(p), want)
+
+
+@pytest.mark.parametrize("encoding, dtype", [("raw", ">i2"), ("raw", ">f4"), ("raw", ">u8"),
+                                             ("compressed_segmentation", ">u4"),
+                                             ("compressed_segmentation", ">u8"), ("png", ">u2")])
+def test_big_endian_input_is_written_as_its_values(tmp_path, encoding, dtype):
+    """A big-endian source (FITS, some netCDF) is stored little-endian with the same values."""
+    data = oracle.make_data((21, 13, 7, 1), np.dtype(dtype).newbyteorder("="), 3,
+                            labels=encoding == "compressed_segmentation")
+    da = xr.DataArray(data.astype(dtype), dims=("x", "y", "z", "channel"))
+    xp.to_precomputed(da, str(tmp_path / "v"), encoding=encoding, chunk_size=CHUNK)
+    assert _bitwise_equal(oracle.ts_read(tmp_path / "v"), data)

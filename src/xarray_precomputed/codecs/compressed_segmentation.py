@@ -33,6 +33,7 @@ Uniform blocks (the common case in segmentations) skip the sort: they need no va
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 
@@ -322,14 +323,42 @@ def encode(chunk: np.ndarray, block_size) -> bytes:
                                                          for s in streams])
 
 
-def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
-    """The channel offset words at the head: the first is the header's own length (one word per
-    channel) and none points past the object."""
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels, block_size) -> bool:
+    """The channel offsets (the first is the header's own length, one word per channel; they
+    increase) and the last channel's block headers (valid widths, every table and value range
+    inside the channel). Truncation is caught there: this encoder stores the values of the last
+    block last, or, when every block is uniform, the last table, so a shorter object cuts a range
+    that a header points into."""
     if size % 4:
         return False
-    n = min(num_channels, 16)
-    head = fetch([(0, min(size, 64))])
-    if not head or len(head[0]) < 4 * n:
+    nblocks = math.prod(-(-int(s) // int(b)) for s, b in zip(chunk_shape, block_size))
+    block_voxels = math.prod(int(b) for b in block_size)
+    words_total, nc = size // 4, num_channels
+    head_words = nc + 2 * nblocks if nc == 1 else nc
+    head = fetch([(0, 4 * min(words_total, head_words))])
+    if not head or len(head[0]) < 4 * nc:
         return False
-    words = np.frombuffer(head[0][:4 * n], dtype="<u4")
-    return int(words[0]) == num_channels and bool(np.all(words < size // 4))
+    words = np.frombuffer(head[0], dtype="<u4").astype(np.int64)
+    starts = np.append(words[:nc], words_total)
+    if starts[0] != nc or np.any(np.diff(starts) < 2 * nblocks):
+        return False
+    last = int(starts[-2])
+    length = words_total - last
+    if nc == 1:
+        headers = words[1:]
+    else:
+        part = fetch([(4 * last, 4 * (last + 2 * nblocks))])
+        if not part:
+            return False
+        headers = np.frombuffer(part[0], dtype="<u4").astype(np.int64)
+    if len(headers) != 2 * nblocks:
+        return False
+    table, width = headers[0::2] & 0xFFFFFF, headers[0::2] >> 24
+    values = headers[1::2]
+    if not np.isin(width, _WIDTHS).all():
+        return False
+    values_end = values + -(-(width * block_voxels) // 32)
+    table_end = table + np.dtype(dtype).itemsize // 4
+    return bool((table >= 2 * nblocks).all() and (table_end <= length).all()
+                and (values_end <= length).all()
+                and max(int(values_end.max()), int(table_end.max())) == length)

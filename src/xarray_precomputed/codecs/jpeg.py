@@ -10,6 +10,9 @@ partly grey image.
 
 from __future__ import annotations
 
+import math
+import struct
+
 import numpy as np
 import simplejpeg
 
@@ -53,6 +56,48 @@ def encode(chunk: np.ndarray, jpeg_quality: int = 75) -> bytes:
                                   colorsubsampling="444")
 
 
+# Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic):
+# 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PLAUSIBLE_HEAD = 4096  # the frame header follows the quantisation tables, well within this
+
+
+def read_frame_header(head: bytes) -> tuple[int, int, int, int]:
+    """(width, height, components, sample precision) from the frame header among the marker
+    segments at the start of a JPEG stream; ValueError if `head` holds no well-formed one."""
+    if head[:2] != b"\xff\xd8":
+        raise ValueError("no JPEG start-of-image marker")
+    pos = 2
+    while pos + 4 <= len(head):
+        if head[pos] != 0xFF:
+            raise ValueError(f"no marker at byte {pos}")
+        marker = head[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0xD9, 0xDA) or 0xD0 <= marker <= 0xD7:
+            raise ValueError(f"marker 0x{marker:02X} before the frame header")
+        (length,) = struct.unpack(">H", head[pos + 2:pos + 4])
+        if length < 2:
+            raise ValueError(f"segment length {length} at byte {pos}")
+        if marker in _SOF_MARKERS:
+            if length < 8 or pos + 10 > len(head):
+                raise ValueError("truncated frame header")
+            precision, height, width, components = struct.unpack(">BHHB", head[pos + 4:pos + 10])
+            return width, height, components, precision
+        pos += 2 + length
+    raise ValueError("no frame header in the stream's first bytes")
+
+
 def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
-    head = fetch([(0, min(size, 2))])
-    return bool(head) and head[0][:2] == b"\xff\xd8"
+    """A frame header for this chunk's pixel count and channels at the head, and the
+    end-of-image marker at the end (a truncated stream has lost it)."""
+    parts = fetch([(0, min(size, _PLAUSIBLE_HEAD)), (max(0, size - 2), size)])
+    if not parts or len(parts) != 2 or parts[1] != b"\xff\xd9":
+        return False
+    try:
+        width, height, components, precision = read_frame_header(parts[0])
+    except ValueError:
+        return False
+    return (precision == 8 and components == num_channels
+            and width * height == math.prod(chunk_shape))

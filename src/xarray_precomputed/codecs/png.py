@@ -75,12 +75,19 @@ def encode(chunk: np.ndarray, png_level: int = 6) -> bytes:
                                         level=int(png_level)))
 
 
+_IEND = struct.pack(">I4sI", 0, b"IEND", 0xAE426082)  # the empty last chunk, with its CRC
+
+
 def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
-    head = fetch([(0, min(size, 64))])
-    if not head:
+    """An IHDR for this chunk's pixel count, sample depth and channels at the head, and the IEND
+    chunk at the end (a truncated image has lost it)."""
+    parts = fetch([(0, min(size, 33)), (max(0, size - len(_IEND)), size)])
+    if not parts or len(parts) != 2 or parts[1] != _IEND:
         return False
     try:
-        width, height, _, _ = read_header(head[0])
+        width, height, depth, color = read_header(parts[0])
     except ValueError:
         return False
-    return width * height == math.prod(chunk_shape)
+    depth_fits = dtype.itemsize == 1 if color == 3 else depth == 8 * dtype.itemsize
+    return (depth_fits and _COLOR_TYPES[color][0] == num_channels
+            and width * height == math.prod(chunk_shape))

@@ -38,7 +38,8 @@ def encode(chunk: np.ndarray) -> bytes:
     """Little-endian Fortran-order bytes of an (x, y, z, channel) array."""
     chunk = np.asarray(chunk)
     dt = chunk.dtype
-    if not _NATIVE_LITTLE or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0:
+    # the C copy moves bytes as they are: only native little-endian input may take it
+    if not (_NATIVE_LITTLE and dt.isnative) or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0:
         return chunk.astype(dt.newbyteorder("<"), copy=False).tobytes(order="F")
     x, y, z, c = chunk.shape
     n = x * y * z

@@ -13,10 +13,13 @@ A codec module provides, by these names:
 - `encode(chunk, **options)` (writable entries): an (x, y, z, channel) array, possibly
   edge-truncated, -> the stored bytes; `options` are the writer options listed in
   `encode_options`;
-- `plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool` (writable entries): whether
-  an object of `size` bytes already stored could be this chunk, judged from at most a few bytes
-  it asks for with `fetch(ranges) -> list[bytes] | None`. The writer's resume skips chunks that
-  pass: it must accept every chunk `encode` writes and should refuse truncated or foreign ones.
+- `plausible(fetch, size, *, chunk_shape, dtype, num_channels, **options) -> bool` (writable
+  entries): whether an object of `size` bytes already stored could be the chunk of that shape,
+  encoded with those options, judged from a few bytes it asks for with `fetch(ranges) ->
+  list[bytes] | None` (its header, and its end where the format has an end marker). The writer's
+  resume skips chunks that pass, so it must accept every chunk `encode` writes and refuse
+  truncated ones and foreign heads (damage inside the coded data is not looked for: a write with
+  resume=False rewrites everything).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from ..errors import CodecUnavailableError, PrecomputedError, WriterError
 
@@ -97,16 +102,21 @@ class Codec:
         """`chunk` (x, y, z, channel) -> stored bytes. Options this encoding does not take are
         ignored, so a caller may pass every writer option."""
         fn = self._writable_function("encode")
+        chunk = np.asarray(chunk)
+        if not chunk.dtype.isnative:  # encoders see values, whatever order the source kept
+            chunk = chunk.astype(chunk.dtype.newbyteorder("="))
         return fn(chunk, **{k: options[k] for k in self.encode_options if k in options})
 
-    def plausible(self, fetch: Callable, size: int, *, chunk_shape, dtype,
-                  num_channels: int) -> bool:
-        """Whether a stored object of `size` bytes may be this chunk (see the module docstring)."""
+    def plausible(self, fetch: Callable, size: int, *, chunk_shape, dtype, num_channels: int,
+                  **options) -> bool:
+        """Whether a stored object of `size` bytes may be this chunk (see the module docstring);
+        `options` are the writer options it was encoded with."""
         if size <= 0:
             return False
         fn = self._writable_function("plausible")
-        return bool(fn(fetch, size, chunk_shape=tuple(chunk_shape), dtype=dtype,
-                       num_channels=num_channels))
+        return bool(fn(fetch, size, chunk_shape=tuple(int(n) for n in chunk_shape),
+                       dtype=np.dtype(dtype), num_channels=int(num_channels),
+                       **{k: options[k] for k in self.encode_options if k in options}))
 
 
 # Data type and channel rules are those TensorStore and Neuroglancer enforce (see

@@ -313,7 +313,7 @@ def _valid_unsharded(tgt: _Target, name: str, size: int) -> bool:
     return get_codec(tgt.encoding).plausible(
         lambda ranges: tgt.store.read_ranges(tgt.key(name), ranges), size,
         chunk_shape=[b.stop - b.start for b in tgt.cell_box(cell)], dtype=tgt.dtype,
-        num_channels=tgt.num_channels)
+        num_channels=tgt.num_channels, block_size=tgt.block_size)
 
 
 def _cell_of_name(tgt: _Target, name: str):
