@@ -1,0 +1,133 @@
+"""A scale being written (`Target`): everything a write task needs in plain picklable values -
+where the objects go, the chunk grid and names, how a chunk is encoded - and the box arithmetic
+of the chunk grid that the planner and the tasks share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..codecs import get_codec, writable_encodings
+from ..errors import WriterError
+from ..format.info import ShardingSpec
+from ..format.morton import chunk_key
+from ..format.sharding import shard_filename
+from ..storage import open_store
+
+__all__ = ["Target", "encode_chunk", "WRITABLE_ENCODINGS", "DEFAULT_BLOCK_SIZE", "cells_in",
+           "budget_box", "box_groups", "vox_box"]
+
+WRITABLE_ENCODINGS = tuple(writable_encodings())
+DEFAULT_BLOCK_SIZE = (8, 8, 8)
+
+
+def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
+                 jpeg_quality: int = 75, png_level: int = 6) -> bytes:
+    """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes."""
+    if encoding not in WRITABLE_ENCODINGS:
+        raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
+    return get_codec(encoding).encode(np.asarray(chunk), block_size=block_size,
+                                      jpeg_quality=jpeg_quality, png_level=png_level)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything a write task needs, in plain picklable values."""
+    url: str
+    storage_options: tuple  # sorted items
+    path: str
+    size: tuple[int, int, int]
+    voxel_offset: tuple[int, int, int]
+    chunk: tuple[int, int, int]
+    num_channels: int
+    dtype: str
+    encoding: str
+    block_size: tuple[int, int, int]
+    sharding: tuple | None  # sorted items of the sharding JSON
+    jpeg_quality: int = 75
+    png_level: int = 6
+    gzip_level: int = 6
+    write_empty_chunks: bool = True
+
+    @property
+    def spec(self) -> ShardingSpec | None:
+        return None if self.sharding is None else _spec_of(self.sharding)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return tuple(-(-s // c) for s, c in zip(self.size, self.chunk))  # type: ignore[return-value]
+
+    @property
+    def store(self):
+        return open_store(self.url, dict(self.storage_options) or None)
+
+    def key(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.path else name
+
+    def cell_box(self, cell) -> tuple[slice, slice, slice]:
+        return tuple(slice(g * c, min((g + 1) * c, s))  # type: ignore[return-value]
+                     for g, c, s in zip(cell, self.chunk, self.size))
+
+    def encode(self, arr: np.ndarray) -> bytes | None:
+        if not self.write_empty_chunks and not arr.any():
+            return None
+        return encode_chunk(arr, self.encoding, block_size=self.block_size,
+                            jpeg_quality=self.jpeg_quality, png_level=self.png_level)
+
+    def shard_name(self, shard: int) -> str:
+        return shard_filename(shard, self.spec)
+
+    def chunk_name(self, cell) -> str:
+        return chunk_key(cell, self.chunk, self.size, self.voxel_offset)
+
+
+@lru_cache(maxsize=64)
+def _spec_of(items: tuple) -> ShardingSpec:
+    return ShardingSpec.from_json(dict(items))
+
+
+def cells_in(lo, hi) -> np.ndarray:
+    """Grid cells in the box [lo, hi) of cells, (N, 3) int64, x fastest."""
+    rng = [np.arange(a, b) for a, b in zip(lo, hi)]
+    g = np.meshgrid(*rng, indexing="ij")
+    return np.stack([a.reshape(-1, order="F") for a in g], axis=1).astype(np.int64)
+
+
+def budget_box(chunk, grid, per_voxel: int, budget: int, limit=None) -> tuple[int, int, int]:
+    """Chunks per axis of a box of about `budget` bytes (grown x, y, z in turn, by doubling),
+    never larger than `limit` (chunks per axis) or the grid."""
+    limit = limit or grid
+    k = [1, 1, 1]
+    while True:
+        grown = False
+        for axis in range(3):
+            nk = min(k[axis] * 2, limit[axis], grid[axis])
+            if nk == k[axis]:
+                continue
+            trial = list(k)
+            trial[axis] = nk
+            if math.prod(c * t for c, t in zip(chunk, trial)) * per_voxel > budget:
+                continue
+            k = trial
+            grown = True
+        if not grown:
+            return tuple(k)  # type: ignore[return-value]
+
+
+def box_groups(grid, box) -> list[tuple[tuple, tuple]]:
+    """Aligned boxes of `box` cells covering the grid: (lo, hi) in cells."""
+    out = []
+    for gz in range(0, grid[2], box[2]):
+        for gy in range(0, grid[1], box[1]):
+            for gx in range(0, grid[0], box[0]):
+                lo = (gx, gy, gz)
+                out.append((lo, tuple(min(a + b, g) for a, b, g in zip(lo, box, grid))))
+    return out
+
+
+def vox_box(tgt: Target, lo, hi) -> tuple[slice, slice, slice]:
+    return tuple(slice(a * c, min(b * c, s))  # type: ignore[return-value]
+                 for a, b, c, s in zip(lo, hi, tgt.chunk, tgt.size))
