@@ -114,7 +114,7 @@ def single_flight(key) -> Iterator[None]:
                 del _inflight[key]
 
 
-class _ForkSafePool:
+class ForkSafePool:
     """One ThreadPoolExecutor per process, made on first use (a forked child makes its own)."""
 
     def __init__(self, workers, prefix: str):
@@ -138,8 +138,8 @@ class _ForkSafePool:
             return self._pool
 
 
-_cpu = _ForkSafePool(lambda: max(4, 2 * (os.cpu_count() or 2)), "xarray-precomputed")
-_io = _ForkSafePool(lambda: IO_THREADS, "xarray-precomputed-io")
+_cpu = ForkSafePool(lambda: max(4, 2 * (os.cpu_count() or 2)), "xarray-precomputed")
+_io = ForkSafePool(lambda: IO_THREADS, "xarray-precomputed-io")
 
 
 def cpu_pool() -> ThreadPoolExecutor:
