@@ -436,3 +436,37 @@ def test_any_zarr_store_and_process_workers(volumes, tmp_path):
     to_ome_zarr(str(path), tmp_path / "procs.zarr", scheduler="processes", num_workers=2,
                 progress=False)
     assert files(tmp_path / "procs.zarr") == files(tmp_path / "threads.zarr")
+
+
+POOL_RACE = """
+import concurrent.futures.thread as cft, sys, threading, time
+made = []
+real_init = cft.ThreadPoolExecutor.__init__
+def slow_init(self, *a, **k):
+    made.append(k.get("thread_name_prefix"))
+    time.sleep(0.05)                  # widen the window between 'no pool yet' and 'pool made'
+    real_init(self, *a, **k)
+cft.ThreadPoolExecutor.__init__ = slow_init
+from xarray_precomputed.export.shard_encoder import encode_pool
+n = 48
+barrier, got = threading.Barrier(n), []
+def first_use():
+    barrier.wait()
+    got.append(encode_pool())
+threads = [threading.Thread(target=first_use) for _ in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(got), len({id(p) for p in got}), sum('encode' in (p or '') for p in made))
+"""
+
+
+def test_encode_pool_first_use_from_many_threads_makes_one_pool():
+    """Shard tasks running at once on dask threads all ask for the encoding pool first: one
+    pool is made and shared (a race made one per task, their threads never shut down)."""
+    out = subprocess.run([sys.executable, "-c", POOL_RACE], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    calls, distinct, made = map(int, out.stdout.split())
+    assert (calls, distinct, made) == (48, 1, 1)
