@@ -124,7 +124,7 @@ def test_transient_failures_are_retried(volumes, mode):
 def test_persistent_failure_ends_in_a_storage_error(volumes, monkeypatch):
     from xarray_precomputed import storage
 
-    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.01)
+    monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.01)
     root, _ = volumes
     with serve(str(root), fail_first=10_000) as (base, _):
         with pytest.raises(StorageError, match="info"):
@@ -147,7 +147,7 @@ def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
     assert s.read_with("absent", bytes) is None
     assert s.read_with("dir", bytes) is None
     assert s.read_with("dir/absent", bytes) is None
-    monkeypatch.setattr(storage, "SCRATCH_MAX_BYTES", 100)
+    monkeypatch.setattr(storage.local, "SCRATCH_MAX_BYTES", 100)
     assert s.read_with("big", bytes) == bytes(range(256)) * 40
     with pytest.raises(ZeroDivisionError):  # a consumer's error passes through
         s.read_with("small", lambda b: 1 / 0)
@@ -195,7 +195,7 @@ def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkey
             raise failures["exc"]
         return real(self, paths)
 
-    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.001)
+    monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.001)
     monkeypatch.setattr(storage.FsspecStore, "_cat_files", flaky)
     with serve(str(root)) as (base, _):
         assert np.array_equal(Volume.open(f"{base}/plain").scale(0).read(), truth["plain"])
@@ -210,17 +210,17 @@ def test_refused_connections_are_transient_and_client_errors_are_not():
     ConnectionError): retried like a reset; a 404 or 403 answer is not."""
     import aiohttp
 
-    from xarray_precomputed.storage import _is_transient
+    from xarray_precomputed.storage import is_transient
 
     class Key:
         host, port, ssl = "127.0.0.1", 9, None
 
     refused = aiohttp.ClientConnectorError(Key(), ConnectionRefusedError(111, "refused"))
-    assert _is_transient(refused)
-    assert _is_transient(aiohttp.ServerDisconnectedError())
+    assert is_transient(refused)
+    assert is_transient(aiohttp.ServerDisconnectedError())
     for status in (403, 404):
-        assert not _is_transient(aiohttp.ClientResponseError(None, (), status=status))
-    assert _is_transient(aiohttp.ClientResponseError(None, (), status=503))
+        assert not is_transient(aiohttp.ClientResponseError(None, (), status=status))
+    assert is_transient(aiohttp.ClientResponseError(None, (), status=503))
 
 
 def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):

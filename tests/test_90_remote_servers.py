@@ -58,7 +58,7 @@ def s3(tree):
 
 @pytest.fixture
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.01)
+    monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.01)
 
 
 def _cell_box(name, cell):

@@ -195,7 +195,7 @@ def proxy_server(nginx):
 @pytest.fixture
 def proxy(proxy_server, monkeypatch):
     """The proxy with no rules, caches empty (every read goes to the server), fast backoff."""
-    monkeypatch.setattr(storage, "RETRY_BACKOFF", 0.01)
+    monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.01)
     shard_reader.minishard_cache.clear()
     shard_reader.shard_form_cache.clear()
     proxy_server.set()

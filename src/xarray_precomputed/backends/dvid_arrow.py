@@ -65,11 +65,7 @@ def present_scales(url: str, n_scales: int, storage_options: dict | None = None)
     if path is not None:
         return [k for k in range(n_scales) if os.path.isdir(os.path.join(path, f"s{k}"))]
     store = open_store(url, storage_options)
-    fs = getattr(store, "fs", None)
-    if fs is None:
-        return list(range(n_scales))
-    root = getattr(store, "root", "").rstrip("/")
-    return [k for k in range(n_scales) if fs.isdir(f"{root}/s{k}")]
+    return [k for k in range(n_scales) if store.has_dir(f"s{k}")]
 
 
 def dvid_dataset(reader) -> xr.Dataset:

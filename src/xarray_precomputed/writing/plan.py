@@ -21,7 +21,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
     """Write every chunk/shard object of one scale. Returns counters."""
     store = tgt.store
     folder = tgt.path
-    listing = store.list_sizes(folder) if hasattr(store, "list_sizes") else {}
+    listing = store.list_dir(folder)
     cleanup_temporaries(tgt, listing)
     grid = tgt.grid
     if 0 in tgt.size:

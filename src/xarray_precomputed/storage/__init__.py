@@ -1,0 +1,53 @@
+"""Storage: keys relative to a dataset root -> bytes, whole or by byte ranges; and writes.
+
+`open_store(url)` gives the store for a dataset URL: a LocalStore for local paths and `file://`,
+an FsspecStore for every other URL. Every store implements the whole `Store` interface (base.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+from . import local, retry
+from .base import Store, coalesce, request_counts, split_merged
+from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
+from .local import LOCAL_COALESCE_GAP, TEMP_MARKER, LocalStore
+from .memory import MemoryStore
+from .retry import RETRIES, is_transient
+from .urls import is_local, local_path, strip_scheme_prefix
+
+__all__ = [
+    "FsspecStore", "LOCAL_COALESCE_GAP", "LocalStore", "MemoryStore", "REMOTE_COALESCE_GAP",
+    "RETRIES", "Store", "TEMP_MARKER", "coalesce",
+    "is_local", "is_transient", "local_path", "open_store", "local", "request_counts", "retry",
+    "split_merged", "store_options_key", "strip_scheme_prefix",
+]
+
+# Tunables (retry.RETRY_BACKOFF, local.SCRATCH_MAX_BYTES) are read from their own modules: set
+# them there. RETRIES is re-exported for reading only.
+_stores: dict[tuple[str, str], tuple[int, Store]] = {}
+_stores_lock = threading.Lock()
+
+
+def store_options_key(storage_options: dict | None) -> Any:
+    """`storage_options` as text: a cache key, and the form readers pickle."""
+    return json.dumps(storage_options or {}, sort_keys=True, default=repr)
+
+
+def open_store(url: str, storage_options: dict | None = None) -> Store:
+    """A store for a dataset URL, shared within this process (per URL and options)."""
+    url = strip_scheme_prefix(url)
+    if is_local(url):
+        url = local_path(url)  # one store per folder, however it is spelled
+    key = (url, store_options_key(storage_options))
+    with _stores_lock:
+        entry = _stores.get(key)
+        # A forked child must not use its parent's connections.
+        if entry is None or entry[0] != os.getpid():
+            store: Store = (LocalStore(local_path(url)) if is_local(url)
+                            else FsspecStore(url, storage_options))
+            entry = _stores[key] = (os.getpid(), store)
+        return entry[1]

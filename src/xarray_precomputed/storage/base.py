@@ -1,0 +1,104 @@
+"""The storage interface every store implements: keys relative to a dataset root -> bytes.
+
+A missing key reads as None; every other failure raises a StorageError (PermissionDeniedError for
+a refusal), so that a refused or broken read can never pass as missing data.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+# Requests sent to storage in this process, by kind: benchmarks and tests read these.
+request_counts: Counter = Counter()
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Merge ranges whose gaps are below `gap`: (merged ranges, index of the merged range that
+    holds each input range)."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    merged: list[list[int]] = []
+    owner = [0] * len(ranges)
+    for i in order:
+        s, e = ranges[i]
+        if merged and s <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+        owner[i] = len(merged) - 1
+    return [(s, e) for s, e in merged], owner
+
+
+def split_merged(ranges, merged, owner, blobs) -> list[bytes]:
+    """The bytes of each of `ranges`, cut from the `blobs` fetched for the `merged` ranges."""
+    out = []
+    for (s, e), m in zip(ranges, owner):
+        ms = merged[m][0]
+        out.append(blobs[m][s - ms:e - ms])
+    return out
+
+
+class Store(ABC):
+    """Read and write access to the keys under one dataset root (a folder, a URL prefix).
+
+    Keys are '/'-separated paths relative to the root. Every store implements every operation;
+    callers never probe for a method."""
+
+    url: str
+    # Whether read_many gains from larger batches (concurrent requests) over one key at a time.
+    batches_reads = False
+
+    # -- reading
+    @abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The whole value of `key`, or None if it does not exist."""
+
+    @abstractmethod
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+        """The bytes `[start, end)` of `key` for each range (shorter where the key ends early),
+        or None if the key does not exist."""
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`read` of each key; a remote store sends the requests concurrently."""
+        return [self.read(k) for k in keys]
+
+    def read_with(self, key: str, consume: Callable[[Any], Any]) -> Any:
+        """`consume(value of key)`'s result, or None if the key does not exist. The buffer passed
+        to `consume` is valid only during the call (a store may reuse it afterwards)."""
+        data = self.read(key)
+        return None if data is None else consume(data)
+
+    # -- what is there
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The size of `key` in bytes, or None if it does not exist (or is a folder)."""
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> dict[str, int]:
+        """{name: size} of the objects directly under the folder `prefix` (no recursion; empty
+        when the folder does not exist)."""
+
+    @abstractmethod
+    def has_dir(self, prefix: str) -> bool:
+        """Whether anything is stored under the folder `prefix`."""
+
+    # -- writing: each value is written whole and atomically (a reader sees the old value or the
+    # new one, never part of one).
+    @abstractmethod
+    def write(self, key: str, data) -> None:
+        """Store `data` (bytes-like) as the value of `key`, replacing any value there."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove `key`; removing an absent key is not an error."""
+
+    def describe(self, key: str) -> str:
+        """The key's full name, for messages."""
+        return f"{self.url}/{key}" if key else self.url
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url!r}>"
