@@ -140,11 +140,11 @@ def worker(task: str, reader: str, path: str) -> dict:
             # once from two threads. What first-touching the output alone costs on this machine.
             from concurrent.futures import ThreadPoolExecutor
 
-            from xarray_precomputed.reading.volume import _result
+            from xarray_precomputed.reading.base import allocate_result
 
             info = json.loads(Path(path, "info").read_text())
             shape = (*info["scales"][0]["size"], info["num_channels"])
-            a = _result(shape, info["data_type"])[0]
+            a = allocate_result(shape, info["data_type"])[0]
             half = shape[0] // 2
 
             def fill(sl):

@@ -60,7 +60,7 @@ def _garbage_in_uninitialised_results(monkeypatch):
     memory held, so a voxel nobody wrote shows up in every comparison."""
     import numpy as np
 
-    from xarray_precomputed.reading import volume
+    from xarray_precomputed.reading import base as volume
 
     def allocate(shape, dtype, order="C"):
         a = np.empty(shape, dtype, order=order)

@@ -164,7 +164,7 @@ def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch)
     threads (one chunk per worker kept it at the worker count), and the data is the same."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from xarray_precomputed.reading import volume
+    from xarray_precomputed.reading import base as volume
 
     root, truth = volumes
     workers = 4  # fixed, whatever the machine's core count
@@ -231,7 +231,7 @@ def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):
     from xarray_precomputed.format import sharding
     from xarray_precomputed.reading import shard_reader
     from xarray_precomputed import util
-    from xarray_precomputed.reading import volume
+    from xarray_precomputed.reading import base as volume
 
     root, truth = volumes
     pool = ThreadPoolExecutor(4)

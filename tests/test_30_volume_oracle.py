@@ -368,7 +368,7 @@ def test_pickled_reader_reads_the_same(oracle_volume):
 def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
     """Results past LARGE_RESULT_BYTES are allocated line-aligned without huge pages and written
     with streaming stores; with the threshold at 0 every read takes that path."""
-    from xarray_precomputed.reading import volume
+    from xarray_precomputed.reading import base as volume
 
     monkeypatch.setattr(volume, "LARGE_RESULT_BYTES", 0)
     vol = oracle_volume(name)
@@ -387,7 +387,7 @@ def test_reads_inside_one_shard_decoded_by_workers_read_the_same(oracle_volume, 
                                                                  monkeypatch):
     """Small results from one shard are decoded by the calling thread; with the threshold at 0
     the chunks of every such read are handed to the pool instead, which must read the same."""
-    from xarray_precomputed.reading import volume
+    from xarray_precomputed.reading import base as volume
 
     monkeypatch.setattr(volume, "INLINE_DECODE_BYTES", -1)
     vol = oracle_volume(name)

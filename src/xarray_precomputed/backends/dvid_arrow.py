@@ -24,10 +24,9 @@ from .conventions import (
     check_options,
     drop,
     pick_scale,
-    scale_of_group,
-    subtree,
     warn_if_huge,
 )
+from .tree import scale_groups
 
 # The reader (and pyarrow behind it) is imported on first open, not when xarray lists its engines.
 
@@ -134,16 +133,11 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
             "scales": [vi.scales[k].key for k in scales],
         })
         root.encoding = {"source": url, "format": "dvid_arrow_shards"}
-        groups = {"/": root}
-        wanted = None if group in (None, "", "/") else \
-            scale_of_group(group, len(vi.scales), "export")
-        for k in scales:
-            if wanted is not None and k != wanted:
-                continue
-            reader = DvidScaleReader(url, vi, vi.scales[k], labels=labels,
-                                     fill_missing=fill_missing, storage_options=storage_options)
-            groups[f"/s{k}"] = drop(dvid_dataset(reader), drop_variables)
-        groups = subtree(groups, group)
+        groups = scale_groups(
+            root, scales, lambda k: dvid_dataset(DvidScaleReader(
+                url, vi, vi.scales[k], labels=labels, fill_missing=fill_missing,
+                storage_options=storage_options)),
+            n_scales=len(vi.scales), group=group, drop_variables=drop_variables, what="export")
         warn_if_huge(groups.values())
         return groups
 

@@ -21,10 +21,9 @@ from .conventions import (
     check_options,
     drop,
     pick_scale,
-    scale_of_group,
-    subtree,
     warn_if_huge,
 )
+from .tree import scale_groups
 
 DIMS = ("x", "y", "z", "channel")
 # Memory order of the blocks the backend hands to xarray (and so of `.values` and of every dask
@@ -186,13 +185,9 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
             "scales": [s.key for s in vol.info.scales],
         })
         root.encoding = {"source": vol.url}
-        groups = {"/": root}
-        wanted = None if group in (None, "", "/") else \
-            scale_of_group(group, len(vol.info.scales))
-        for s in vol.info.scales:
-            if wanted is None or s.index == wanted:
-                groups[f"/s{s.index}"] = drop(scale_dataset(vol.scale(s.index)), drop_variables)
-        groups = subtree(groups, group)
+        groups = scale_groups(root, range(len(vol.info.scales)),
+                              lambda k: scale_dataset(vol.scale(k)), n_scales=len(vol.info.scales),
+                              group=group, drop_variables=drop_variables)
         warn_if_huge(groups.values())
         return groups
 

@@ -107,7 +107,7 @@ class FsspecStore(Store):
             return None
         except Exception as e:
             raise self._fail(key, e) from e
-        for i, b in enumerate(blobs):
+        for b in blobs:
             if isinstance(b, FileNotFoundError):
                 return None
             if isinstance(b, BaseException):

@@ -1,0 +1,358 @@
+"""What every scale reader shares (precomputed scales and DVID exports alike): selections ->
+grid cells -> fetch groups fanned out over the pools -> decoded voxels placed in one XYZC result
+(C- or Fortran-ordered as the caller asks); missing chunks; pickling to a few small immutable
+values; and leaving no task running behind a failed read.
+
+A reader supplies only how chunks group into fetches (`_plan`), the fetch (`_fetch`) and the
+decode of one chunk (`_decode`). Indices are 0-based array indices (voxel coordinate minus the
+scale's voxel_offset).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import MissingChunkError, PrecomputedError
+from ..format.info import ScaleInfo, VolumeInfo, parse_info
+from ..storage import Store, open_store, store_options_key
+from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
+from .selection import (
+    as_index,
+    axis_parts,
+    box_selection,
+    outer_selection,
+    part_bounds,
+    selection_shape,
+    voxel_selection,
+)
+
+_set_hugepage = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+_hugepage_lock = threading.Lock()
+
+# Results at least this large are "large": allocated without huge pages, line-aligned, and written
+# by codecs with streaming (non-temporal) stores.
+LARGE_RESULT_BYTES = 32 << 20
+# Results up to this size, from one fetch group, are decoded by the calling thread.
+INLINE_DECODE_BYTES = 4 << 20
+# From a remote store, chunks are fetched in batches of at most REMOTE_BATCH chunks and about
+# REMOTE_BATCH_BYTES (counted at their decoded size, which stored chunks rarely exceed), up to
+# REMOTE_IN_FLIGHT batches at once (fetched batches waiting to be decoded count too, so memory
+# stays bounded when decoding is the slower side).
+REMOTE_BATCH = 32
+REMOTE_BATCH_BYTES = 16 << 20
+REMOTE_IN_FLIGHT = IO_THREADS
+
+
+def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
+    """A result array in memory order `order` ("C" or "F") and whether it is already zeroed.
+
+    Small results are left uninitialised (every voxel is then written by a decoder, or zeroed
+    because its chunk is missing): zeroing heap memory first cost ~0.15 ms per 256 KiB chunk task.
+    Large ones come zeroed for free, as fresh pages from the kernel; they are allocated without
+    numpy's MADV_HUGEPAGE: with the usual Linux setting (THP "madvise", defrag "madvise")
+    first-touching a fresh madvised region stalls in direct compaction; we measured 2-3x slower
+    full reads than with regular pages, which a result written exactly once does not benefit
+    from. They also start on a 64-byte line, so that codecs can stream whole lines into them."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes < LARGE_RESULT_BYTES:
+        return _allocate_small(shape, dtype, order=order), False
+    if _set_hugepage is None:
+        return np.zeros(shape, dtype, order=order), True
+    with _hugepage_lock:
+        previous = _set_hugepage(False)
+        try:
+            raw = np.zeros(nbytes + 64, np.uint8)
+        finally:
+            _set_hugepage(previous)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
+
+
+_allocate_small = np.empty  # tests replace it with an allocator that fills in garbage
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cached(text: str) -> VolumeInfo:
+    return parse_info(text)
+
+
+def _restore(cls, url, options_json, info_text, scale_index, fill_missing, state):
+    info = _parse_cached(info_text)
+    return cls(url, info, info.scales[scale_index], storage_options=json.loads(options_json),
+               fill_missing=fill_missing, **state)
+
+
+# (member index, stored bytes or None when the chunk is absent, the chunk's name for errors)
+Fetched = tuple[int, Any, Any]
+
+
+class ChunkedScaleReader(ABC):
+    """Reads boxes and outer selections of one scale. Small and picklable: it carries the URL,
+    the info text and a few options; stores and indices are per-process caches found again after
+    unpickling."""
+
+    # Whether the remote batches of one fetch group are spread over every decode worker: true
+    # where one group is the whole read (unsharded chunks), false where groups are shards (a read
+    # is spread by its shards already).
+    spread_batches = False
+
+    def __init__(self, url: str, info: VolumeInfo, scale: ScaleInfo, *,
+                 storage_options: dict | None, fill_missing: bool, chunk_size_index: int):
+        self.url = url
+        self.info = info
+        self.scale_info = scale
+        self.storage_options = dict(storage_options or {})
+        self.fill_missing = fill_missing
+        self.chunk_size_index = chunk_size_index
+        self.chunk_size: tuple[int, int, int] = scale.chunk_sizes[chunk_size_index]
+        self.grid_shape = scale.grid_shape(chunk_size_index)
+        self.dtype = np.dtype(info.data_type)  # native byte order for results
+        self.shape = (*scale.size, info.num_channels)
+
+    # -- what a reader supplies
+    @abstractmethod
+    def _plan(self, cells: np.ndarray, out: np.ndarray) -> list[tuple[Any, Any]]:
+        """The fetch groups of a read of `cells` (N x 3 grid cells) into `out`, in reading
+        order: (what `_fetch` needs to know of the group, indices into `cells` of its
+        members)."""
+
+    @abstractmethod
+    def _fetch(self, group, members, cells: np.ndarray) -> list[Fetched]:
+        """The stored bytes of each member of a group (or of part of one)."""
+
+    @abstractmethod
+    def _decode(self, data, dest: np.ndarray, *, origin: tuple[int, int, int],
+                chunk_shape: tuple[int, int, int], chunk, stream: bool) -> None:
+        """Decode one chunk's bytes and write its voxels from `origin` (inside the chunk) on into
+        `dest` (X, Y, Z, C); `chunk` names it in errors; `stream` asks for streaming stores."""
+
+    def _fetch_decoding(self, group, members, cells: np.ndarray,
+                        finish: Callable[[list[Fetched]], None]) -> None:
+        """Fetch a group and hand its chunks to `finish` at once (a reader can then decode from
+        a reused buffer)."""
+        finish(self._fetch(group, members, cells))
+
+    def _remote_batches(self, groups: list, n: int) -> tuple[list, int, int | None]:
+        """How a remote read of `n` chunks in `groups` is fetched: (batches of (group, members),
+        how many may be in flight at once, the most fetched chunks one decode task takes or
+        None for a whole batch)."""
+        per = self._remote_batch(n, self.spread_batches)
+        return ([(g, m[k:k + per]) for g, m in groups for k in range(0, len(m), per)],
+                REMOTE_IN_FLIGHT, None)
+
+    def _state(self) -> dict:
+        """The constructor's options besides url, info, scale, storage_options and fill_missing
+        (small immutable values: they travel with every pickled task)."""
+        return {}
+
+    # -- pickling: small, and caches are found again in the receiving process
+    def __reduce__(self):
+        return (_restore, (type(self), self.url, store_options_key(self.storage_options),
+                           json.dumps(self.info.to_json(), sort_keys=True),
+                           self.scale_info.index, self.fill_missing, self._state()))
+
+    @property
+    def store(self) -> Store:
+        # Kept per process (a forked child must not use its parent's connections); looking it up
+        # in open_store's registry each time cost ~30 us per chunk task.
+        pid, store = self.__dict__.get("_store", (None, None))
+        if pid != os.getpid():
+            store = open_store(self.url, self.storage_options)
+            self.__dict__["_store"] = (os.getpid(), store)
+        return store
+
+    # -- public reads
+    def read(self, box: Sequence[slice] | None = None, *, order: str = "C") -> np.ndarray:
+        """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as an
+        (X, Y, Z, C) array in memory order `order`: "C", or "F", the stored order (x fastest,
+        channel slowest), which raw chunks copy into as rows (see docs/design.md, "Memory
+        order"). None reads the whole scale."""
+        s = self.scale_info
+        return self._read(box_selection(box, s.size, s.key, offset=s.voxel_offset), order)
+
+    def read_outer(self, ix, iy, iz, *, order: str = "C") -> np.ndarray:
+        """The outer product of three index selections (each a slice, possibly strided, or a 1-D
+        array of non-negative indices) of every channel, as an (X, Y, Z, C) array in memory
+        order `order` ("C" or "F", as for `read`)."""
+        s = self.scale_info
+        return self._read(outer_selection((ix, iy, iz), s.size, s.key, offset=s.voxel_offset), order)
+
+    def __getitem__(self, key) -> np.ndarray:
+        """`scale[x0:x1, y0:y1, z0:z1]` in voxel coordinates: x from voxel_offset[0] to
+        voxel_offset[0] + size[0], as TensorStore's domain and CloudVolume's bounds; `read` and
+        `read_outer` take 0-based array indices instead. Ints and slices (positive steps), an
+        optional channel item; the result is always (X, Y, Z, C), ints keeping their axis."""
+        s = self.scale_info
+        sel, channels = voxel_selection(key, s.size, s.voxel_offset, self.info.num_channels, s.key)
+        data = self._read(outer_selection(sel, s.size, s.key, offset=s.voxel_offset))
+        return data if channels == slice(0, self.info.num_channels, 1) else data[..., channels]
+
+    # -- the machinery
+    def _cell_shape(self, cell) -> tuple[int, int, int]:
+        return tuple(min(c, n - g * c) for g, c, n in zip(cell, self.chunk_size, self.scale_info.size))  # type: ignore[return-value]
+
+    def _remote_batch(self, n: int, spread: bool) -> int:
+        """Chunks per remote batch for a read of `n` chunks: bounded in count and bytes and, with
+        `spread`, small enough that the batches of a small read are decoded by every worker."""
+        chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
+        per = min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes))
+        if spread:
+            per = min(per, -(-n // cpu_pool()._max_workers))
+        return max(1, per)
+
+    def _read(self, sel: list, order: str = "C") -> np.ndarray:
+        if order not in ("C", "F"):
+            raise PrecomputedError(f"order must be 'C' or 'F', not {order!r}")
+        out, zeroed = allocate_result((*selection_shape(sel), self.info.num_channels), self.dtype,
+                                      order)
+        if out.size == 0:
+            return out
+        parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
+        jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
+        cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
+        self._fan_out(cells, jobs, out, zeroed)
+        return out
+
+    def _place(self, data, cell, job, out: np.ndarray, name) -> None:
+        shape = self._cell_shape(cell)
+        if all(isinstance(p.dest, slice) for p in job):
+            view = out[job[0].dest, job[1].dest, job[2].dest]
+            self._decode(data, view, origin=tuple(p.local.start for p in job), chunk_shape=shape,
+                         chunk=name, stream=out.nbytes >= LARGE_RESULT_BYTES)
+            return
+        lo_hi = [part_bounds(p.local) for p in job]
+        tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)
+        self._decode(data, tmp, origin=tuple(lo for lo, _ in lo_hi), chunk_shape=shape,  # type: ignore[arg-type]
+                     chunk=name, stream=False)
+        src_idx = [as_index(p.local) - lo for p, (lo, _) in zip(job, lo_hi)]
+        out[dest_index(job)] = tmp[np.ix_(*src_idx)]
+
+    def _missing(self, name, job, out: np.ndarray, zeroed: bool) -> None:
+        if not self.fill_missing:
+            raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
+        if not zeroed:
+            out[dest_index(job)] = 0
+
+    def _fan_out(self, cells: np.ndarray, jobs: list, out: np.ndarray, zeroed: bool) -> None:
+        def fetch(group, members):
+            return self._fetch(group, members, cells)
+
+        def fetch_decoding(group, members):
+            self._fetch_decoding(group, members, cells, finish)
+
+        def finish(results: list[Fetched]) -> None:
+            for i, blob, name in results:
+                if blob is None:
+                    self._missing(name, jobs[i], out, zeroed)
+                else:
+                    self._place(blob, cells[i], jobs[i], out, name)
+
+        groups = self._plan(cells, out)
+        pool = cpu_pool()
+        if self.store.batches_reads and len(cells) > 1 and (len(groups) > 1 or self.spread_batches):
+            # A remote store: latency bounds the read, so many batches are fetched at once
+            # (large groups split) and each is decoded as it arrives.
+            batches, in_flight, part = self._remote_batches(groups, len(cells))
+            _pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part)
+            return
+        if len(groups) == 1:
+            # One group: its reads are one task's worth anyway, so they run here rather than
+            # wait for a worker (the first read of a process would also wait for it to start).
+            # A small result is decoded here too: handing ~1 ms of decoding to workers cost more
+            # than it saved (500 random 64^3 cutouts: 1.33-1.49 s here, 1.39-1.71 s handed out).
+            group, members = groups[0]
+            if len(members) == 1 or out.nbytes <= INLINE_DECODE_BYTES:
+                fetch_decoding(group, members)
+                return
+            wait_all([pool.submit(finish, [r]) for r in fetch(group, members)])
+            return
+        # With enough groups to keep every worker busy (or groups of one chunk), each task fetches
+        # and decodes its group; otherwise (a read inside one or two shards) the chunks of a
+        # group decode in parallel.
+        if len(groups) >= pool._max_workers or all(len(m) == 1 for _, m in groups):
+            wait_all([pool.submit(fetch_decoding, g, m) for g, m in groups])
+            return
+        tasks = [pool.submit(fetch, g, m) for g, m in groups]
+        decodes: list[Future] = []
+        try:
+            for f in tasks:
+                decodes.extend(pool.submit(finish, [r]) for r in f.result())
+            wait_all(tasks + decodes)
+        finally:
+            settle(tasks + decodes)
+
+
+def _pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
+              part: int | None = None) -> None:
+    """`decode(fetch(job))` for every job: fetches on the I/O pool, at most `in_flight` jobs
+    fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives
+    (with `part`, a fetched list in pieces of at most `part` items, each a task of its own).
+    The first failure is raised once nothing is left running."""
+    io, cpu = io_pool(), cpu_pool()
+    todo = iter(jobs)
+    fetching: dict[Future, int] = {}
+    decoding: dict[Future, int] = {}
+    pieces_left: dict[int, int] = {}  # per fetched job, its decode tasks still running
+    n = 0
+    try:
+        while True:
+            while len(fetching) + len(pieces_left) < in_flight:
+                job = next(todo, _END)
+                if job is _END:
+                    break
+                fetching[io.submit(fetch, job)] = n
+                n += 1
+            if not fetching and not decoding:
+                return
+            done, _ = wait(list(fetching) + list(decoding), return_when=FIRST_COMPLETED)
+            for f in done:
+                if f in fetching:
+                    k = fetching.pop(f)
+                    got = f.result()
+                    pieces = ([got] if part is None or len(got) <= part
+                              else [got[i:i + part] for i in range(0, len(got), part)])
+                    pieces_left[k] = len(pieces)
+                    for p in pieces:
+                        decoding[cpu.submit(decode, p)] = k
+                else:
+                    k = decoding.pop(f)
+                    f.result()
+                    pieces_left[k] -= 1
+                    if not pieces_left[k]:
+                        del pieces_left[k]
+    finally:
+        settle(list(fetching) + list(decoding))
+
+
+_END = object()
+
+
+def dest_index(job) -> tuple:
+    """Where one grid cell's voxels go in the result: slices, or an open mesh of indices."""
+    if all(isinstance(p.dest, slice) for p in job):
+        return tuple(p.dest for p in job)
+    return np.ix_(*(as_index(p.dest) for p in job))
+
+
+class Lazy:
+    """Text made only if an error needs it: naming every chunk up front cost ~30 us per chunk."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, *args):
+        self.fn = fn
+        self.args = args
+
+    def __str__(self) -> str:
+        return self.fn(*self.args)
+
+    __repr__ = __str__
