@@ -113,16 +113,16 @@ class FsspecStore(Store):
             if isinstance(b, BaseException):
                 raise self._fail(key, b) from b
         size = self._whole_sizes.get(key)
-        for (s, e), b in zip(merged, blobs):
-            if len(b) > e - s:  # a server that ignores Range answers with the whole object
+        for (lo, hi), b in zip(merged, blobs):
+            if len(b) > hi - lo:  # a server that ignores Range answers with the whole object
                 size = len(b)
         if size is not None and self._whole_sizes.get(key) != size:
             if len(self._whole_sizes) >= 4096:
                 self._whole_sizes.clear()
             self._whole_sizes[key] = size
-        for i, ((s, e), b) in enumerate(zip(merged, blobs)):
-            if len(b) > e - s or (s > 0 and len(b) == size):
-                blobs[i] = b[s:e]  # shorter than asked when the range ends past the object
+        for i, ((lo, hi), b) in enumerate(zip(merged, blobs)):
+            if len(b) > hi - lo or (lo > 0 and len(b) == size):
+                blobs[i] = b[lo:hi]  # shorter than asked when the range ends past the object
         return split_merged(ranges, merged, owner, blobs)
 
     # -- writing: one PUT per object, which object stores apply atomically.
@@ -155,11 +155,11 @@ class FsspecStore(Store):
         except Exception as e:
             raise self._fail(prefix, e) from e
         out = {}
-        for e in entries:
-            if e.get("type") == "directory":
+        for entry in entries:
+            if entry.get("type") == "directory":
                 continue
-            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-            out[name] = int(e.get("size") or 0)
+            name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            out[name] = int(entry.get("size") or 0)
         return out
 
     def has_dir(self, prefix: str) -> bool:

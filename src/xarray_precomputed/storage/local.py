@@ -60,8 +60,8 @@ class LocalStore(Store):
                 return None
             size = st.st_size
             if size > SCRATCH_MAX_BYTES:
-                data = self._pread(fd, 0, size)
-                return consume(data)
+                whole = self._pread(fd, 0, size)
+                return consume(whole)
             buf = getattr(_scratch, "buf", None)
             if buf is None or len(buf) < size:
                 buf = _scratch.buf = bytearray(max(size, 1 << 16))
