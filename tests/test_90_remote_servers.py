@@ -11,6 +11,8 @@ URL, any other failure = StorageError: never zeros.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -156,7 +158,13 @@ def test_nginx_persistent_5xx_retried_then_storage_error(tree, status, fast_retr
         with pytest.raises(StorageError, match="5-13_13-21_2-6") as e:
             Volume.open(f"{srv.url}/{name}").scale(0).read()
         assert isinstance(e.value, PrecomputedError)
-        failed = [r for r in srv.requests() if r["status"] == status]
+        # nginx logs a request after answering it: give the last line a moment to land.
+        deadline = time.monotonic() + 5
+        while True:
+            failed = [r for r in srv.requests() if r["status"] == status]
+            if len(failed) > storage.RETRIES or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert len(failed) == storage.RETRIES + 1, failed
         assert storage.request_counts["retry"] - before == storage.RETRIES
 
