@@ -13,6 +13,7 @@ setup(
     ext_modules=[
         ext("xarray_precomputed.codecs._cseg", "src/xarray_precomputed/codecs/_cseg.c",
             "-Wno-unused-function"),
+        ext("xarray_precomputed.codecs._cseg_encode", "src/xarray_precomputed/codecs/_cseg_encode.c"),
         ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
         ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
     ]

@@ -23,11 +23,7 @@ LOWER = ["format", "codecs", "storage", "reading", "util.py", "errors.py", "dvid
 FORBIDDEN_PACKAGES = {"xarray", "dask", "pandas", "zarr"}
 UPPER = {"writing", "export", "backends", "cli"}
 # Lazy imports allowed below the glue, each with its reason.
-ALLOWED_LAZY = {
-    # pandas' hash factorisation is ~6x np.unique's sort for the numpy cseg encoder; reading never
-    # runs it.
-    ("codecs/compressed_segmentation.py", "pandas"),
-}
+ALLOWED_LAZY: set[tuple[str, str]] = set()
 
 
 def _modules(part: str) -> list[Path]:
