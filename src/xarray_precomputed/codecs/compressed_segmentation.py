@@ -127,6 +127,8 @@ def decode(
 
 # ----------------------------------------------------------------------------------- encoding
 
+_WIDTHS = np.array([0, 1, 2, 4, 8, 16, 32])  # the encoded widths the format allows
+
 def encode_channel(data: np.ndarray, block_size) -> bytes:
     """One channel ``(sx, sy, sz)`` of uint32/uint64 labels (any strides) -> its stream of
     little-endian words (block headers, shared lookup tables, packed values), by the C encoder."""
