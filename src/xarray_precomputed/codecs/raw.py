@@ -49,7 +49,7 @@ def encode(chunk: np.ndarray) -> bytes:
         src = np.ascontiguousarray(chunk[..., ch])
         dst = np.lib.stride_tricks.as_strided(out[ch * n:], shape=(z, y, x, 1),
                                               strides=(x * y * it, x * it, it, n * it))
-        copy_fortran_chunk(memoryview(src).cast("B"), dst, (z, y, x), (0, 0, 0))
+        copy_fortran_chunk(src.data.cast("B"), dst, (z, y, x), (0, 0, 0))
     return out.tobytes()
 
 

@@ -299,7 +299,7 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
                             field="size", scale=name)
 
     return ScaleInfo(index, key, path, size, voxel_offset, resolution,  # type: ignore[arg-type]
-                     chunk_sizes, encoding, block, sharding, _frozen(extra))
+                     chunk_sizes, codec.name, block, sharding, _frozen(extra))
 
 
 def parse_info(doc: str | bytes | Mapping[str, Any]) -> VolumeInfo:
