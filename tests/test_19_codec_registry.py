@@ -329,3 +329,27 @@ def test_big_endian_input_is_written_as_its_values(tmp_path, encoding, dtype):
     da = xr.DataArray(data.astype(dtype), dims=("x", "y", "z", "channel"))
     xp.to_precomputed(da, str(tmp_path / "v"), encoding=encoding, chunk_size=CHUNK)
     assert _bitwise_equal(oracle.ts_read(tmp_path / "v"), data)
+
+
+def test_writer_takes_shard_compression_and_recorded_options_from_the_entry(tmp_path,
+                                                                           monkeypatch):
+    import dataclasses
+
+    data = oracle.make_data((32, 32, 16, 1), "uint8", 5)
+    da = xr.DataArray(data, dims=("x", "y", "z", "channel"))
+    kw = dict(chunk_size=(8, 8, 8), sharding="auto", shard_bytes=1 << 13, png_level=4,
+              jpeg_quality=80)
+    for name in ("raw", "png", "jpeg"):
+        info = xp.to_precomputed(da, str(tmp_path / name), encoding=name, **kw)
+        scale = oracle.read_info(tmp_path / name)["scales"][0]
+        assert info.scales[0].sharding.data_encoding == ("raw" if name == "jpeg" else "gzip")
+        assert {k: scale.get(k) for k in ("jpeg_quality", "png_level")} == {
+            "jpeg_quality": 80 if name == "jpeg" else None, "png_level": 4 if name == "png" else None}
+    # the writer has no list of its own: change the entry and the written scale follows
+    monkeypatch.setitem(CODECS, "raw", dataclasses.replace(
+        CODECS["raw"], shard_gzip=False, recorded_options=("png_level",)))
+    info = xp.to_precomputed(da, str(tmp_path / "raw2"), encoding="raw", **kw)
+    assert info.scales[0].sharding.data_encoding == "raw"
+    assert oracle.read_info(tmp_path / "raw2")["scales"][0]["png_level"] == 4
+    # (TensorStore refuses png_level in a raw scale: the field belongs to png)
+    assert _bitwise_equal(xp.Volume.open(str(tmp_path / "raw2")).scale(0).read(), data)

@@ -55,6 +55,10 @@ class Codec:
     extra: str | None = None                     # the extra of ours that installs it
     writable: bool = False
     encode_options: tuple[str, ...] = ()         # writer options `encode` takes
+    recorded_options: tuple[str, ...] = ()       # ... also written into the scale's info
+    # gzip the chunks in shards: TensorStore does, except for jpeg, whose entropy-coded bytes
+    # gzip cannot shrink
+    shard_gzip: bool = True
     decode_params: Callable[[Any, Any, int], dict] = _uniform
 
     def fits(self, data_type: str, num_channels: int) -> bool:
@@ -126,9 +130,10 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("compressed_segmentation", "compressed_segmentation", ("uint32", "uint64"),
           writable=True, encode_options=("block_size",), decode_params=_cseg_params),
     Codec("jpeg", "jpeg", ("uint8",), (1, 3), package="simplejpeg", extra="jpeg",
-          writable=True, encode_options=("jpeg_quality",)),
+          writable=True, encode_options=("jpeg_quality",), recorded_options=("jpeg_quality",),
+          shard_gzip=False),
     Codec("png", "png", ("uint8", "uint16"), (1, 2, 3, 4), package="imagecodecs", extra="png",
-          writable=True, encode_options=("png_level",)),
+          writable=True, encode_options=("png_level",), recorded_options=("png_level",)),
     Codec("jxl", "jxl", ("uint8",), (1, 3, 4), package="imagecodecs", extra="jxl"),
     Codec("compresso", "compresso", ("uint8", "uint16", "uint32", "uint64"), (1,),
           package="compresso", extra="compresso"),

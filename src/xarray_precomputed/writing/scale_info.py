@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..codecs import get_codec
+from ..codecs import CODECS, get_codec
 from ..errors import PrecomputedError, WriterError
 from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from .geometry import InputScale
@@ -100,7 +100,7 @@ def choose_sharding(size, chunk_size, *, target_voxels: int, encoding: str = "ra
         "minishard_bits": bits - preshift,
         "shard_bits": total - bits,
         "minishard_index_encoding": "gzip",
-        "data_encoding": "raw" if encoding == "jpeg" else "gzip",
+        "data_encoding": "gzip" if encoding not in CODECS or CODECS[encoding].shard_gzip else "raw",
     }
 
 
@@ -143,10 +143,9 @@ def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, shard
             src = sc.hint("compressed_segmentation_block_size")
             block_size = src if isinstance(src, (list, tuple)) and len(src) == 3 else DEFAULT_BLOCK_SIZE
         d["compressed_segmentation_block_size"] = list(triple(block_size, "block size"))
-    if encoding == "jpeg":
-        d["jpeg_quality"] = int(jpeg_quality)
-    if encoding == "png":
-        d["png_level"] = int(png_level)
+    options = {"jpeg_quality": jpeg_quality, "png_level": png_level}
+    for option in get_codec(encoding).recorded_options:
+        d[option] = int(options[option])
     # sharding: None keeps the source's (same size), False/"none" unsharded, "auto", or a spec
     spec = None
     if isinstance(sharding, str) and sharding.strip().startswith("{"):
