@@ -180,28 +180,47 @@ def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch)
         pool.shutdown()
 
 
-def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkeypatch):
+@pytest.mark.parametrize("client", ["http", "fsspec"])
+def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkeypatch, client):
     """A batch of chunk requests can fail as a whole (the event loop, a time-out): a transient
-    failure is retried, anything else is a StorageError naming a chunk — never zeros."""
+    failure is retried, anything else is a StorageError naming a chunk — never zeros. Both
+    clients: the direct HTTP store (http URLs), and fsspec (given an option only it takes)."""
     from xarray_precomputed import storage
+    from xarray_precomputed.storage import http_store
 
     root, truth = volumes
-    real = storage.FsspecStore._cat_files
     failures = {"left": 1, "exc": ConnectionResetError("connection reset by peer")}
 
-    def flaky(self, paths):
+    def fail():
         if failures["left"]:
             failures["left"] -= 1
             raise failures["exc"]
-        return real(self, paths)
+
+    if client == "fsspec":
+        cls, method, options = storage.FsspecStore, "_cat_files", {"simple_links": True}
+        real = cls._cat_files
+
+        def flaky(self, paths):
+            fail()
+            return real(self, paths)
+    else:
+        cls, method, options = http_store.HttpStore, "_gather", None
+        real_gather = cls._gather
+
+        async def flaky(self, calls):
+            fail()
+            return await real_gather(self, calls)
 
     monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.001)
-    monkeypatch.setattr(storage.FsspecStore, "_cat_files", flaky)
+    monkeypatch.setattr(cls, method, flaky)
     with serve(str(root)) as (base, _):
-        assert np.array_equal(Volume.open(f"{base}/plain").scale(0).read(), truth["plain"])
+        url = f"{base}/plain"
+        assert isinstance(storage.open_store(url, options), cls)
+        got = Volume.open(url, storage_options=options).scale(0).read()
+        assert np.array_equal(got, truth["plain"])
         failures.update(left=1000, exc=RuntimeError("event loop closed"))
         with pytest.raises(StorageError, match="event loop closed") as e:
-            Volume.open(f"{base}/plain").scale(0).read()
+            Volume.open(url, storage_options=options).scale(0).read()
         assert f"{base}/plain/" in str(e.value)
 
 

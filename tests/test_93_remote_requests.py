@@ -9,12 +9,12 @@ is a ShardFormatError, a missing shard reads as zeros (or MissingChunkError), th
 
 from __future__ import annotations
 
+import httpserver
 import numpy as np
+import oracle
 import pytest
 import tensorstore as ts
 
-import httpserver
-import oracle
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import MissingChunkError, ShardFormatError
 from xarray_precomputed.reading import shard_reader
@@ -130,7 +130,7 @@ def test_a_truncated_shard_fetched_whole_is_a_shard_format_error(volume, cut):
 
 def test_unsharded_requests_are_one_per_chunk(tmp_path):
     data = oracle.make_data((20, 16, 8, 2), np.uint16, seed=4)
-    path = oracle.write_volume(tmp_path / "u", data)
+    oracle.write_volume(tmp_path / "u", data)
     with httpserver.serve(str(tmp_path)) as (base, server):
         got = _ours(f"{base}/u")
         ours = _data_requests(server)
@@ -139,3 +139,36 @@ def test_unsharded_requests_are_one_per_chunk(tmp_path):
         theirs = _data_requests(server)
     assert np.array_equal(got, data)
     assert len(ours) == 3 * 2 * 1 <= len(theirs)
+
+
+def test_a_truncated_shard_read_by_ranges_is_a_shard_format_error(volume):
+    """A range that starts past the end of the file (the server answers 416) is a short read,
+    so the reader names the shard and what lies past its end: not a StorageError."""
+    path, _ = volume
+    f = oracle.scale_dir(path) / "0.shard"
+    blob = f.read_bytes()
+    index = np.frombuffer(blob[:32], "<u8").reshape(2, 2)
+    f.write_bytes(blob[:32 + int(index[0, 0]) // 2])  # half of minishard 0's data left
+    box = (slice(0, 24), slice(0, 16), slice(0, 16))  # 3 of the shard's 4 x 2 x 2 chunks
+    with httpserver.serve(str(path.parent)) as (base, server):
+        with pytest.raises(ShardFormatError, match=r"0\.shard.*past the end|past the end.*0\.shard"):
+            _ours(f"{base}/v", box)
+        assert any(r is not None for _, _, r in _data_requests(server))
+
+
+def test_a_forked_child_reads_over_its_own_connections(volume):
+    import multiprocessing
+
+    path, expected = volume
+    with httpserver.serve(str(path.parent)) as (base, _):
+        url = f"{base}/v"
+        assert np.array_equal(_ours(url), expected)  # the parent's loop and session exist
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply(_child_read, (url,), )
+        assert np.array_equal(got, expected)
+        assert np.array_equal(_ours(url), expected)  # and the parent's still work
+
+
+def _child_read(url):
+    return _ours(url)

@@ -1,7 +1,8 @@
 """Storage: keys relative to a dataset root -> bytes, whole or by byte ranges; and writes.
 
 `open_store(url)` gives the store for a dataset URL: a LocalStore for local paths and `file://`,
-an FsspecStore for every other URL. Every store implements the whole `Store` interface (base.py).
+an HttpStore (aiohttp used directly) for http(s) URLs whose options it understands, an
+FsspecStore for every other URL. Every store implements the whole `Store` interface (base.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import threading
 from typing import Any
+from urllib.parse import urlparse
 
 from . import local, retry
 from .base import Store, coalesce, request_counts, split_merged
@@ -37,6 +39,15 @@ def store_options_key(storage_options: dict | None) -> Any:
     return json.dumps(storage_options or {}, sort_keys=True, default=repr)
 
 
+def _is_http(url: str, storage_options: dict | None) -> bool:
+    """An http(s) URL whose options the direct HTTP store understands."""
+    if urlparse(url).scheme not in ("http", "https"):
+        return False
+    from .http_store import OPTIONS
+
+    return set(storage_options or {}) <= OPTIONS
+
+
 def open_store(url: str, storage_options: dict | None = None) -> Store:
     """A store for a dataset URL, shared within this process (per URL and options)."""
     url = strip_scheme_prefix(url)
@@ -47,7 +58,14 @@ def open_store(url: str, storage_options: dict | None = None) -> Store:
         entry = _stores.get(key)
         # A forked child must not use its parent's connections.
         if entry is None or entry[0] != os.getpid():
-            store: Store = (LocalStore(local_path(url)) if is_local(url)
-                            else FsspecStore(url, storage_options))
+            store: Store
+            if is_local(url):
+                store = LocalStore(local_path(url))
+            elif _is_http(url, storage_options):
+                from .http_store import HttpStore
+
+                store = HttpStore(url, storage_options)
+            else:
+                store = FsspecStore(url, storage_options)
             entry = _stores[key] = (os.getpid(), store)
         return entry[1]
