@@ -5,6 +5,7 @@ each candidate client to `latency_server.py` (20 ms per request), nothing decode
 
 Patterns (each a list of rounds; a round is one batched call whose requests all go out at once,
 the next round starts when it has all its answers, as an index fetch gates the data fetch):
+  one      the `info` file: one small request, a client's fixed cost in a fresh process
   raw128   128 whole 512 KiB chunks, in one round
   seg64    64 shard files, 3 rounds: the 16-byte shard index, the minishard index, the data
   seg4     4 shard files, 3 rounds: the 128-byte shard index, 8 minishard indices each, the data
@@ -35,7 +36,7 @@ def patterns(root: Path) -> dict[str, list[list[tuple[str, int | None, int | Non
     """Rounds of (key, start, end) taken from the real files (end None: the whole object)."""
     import numpy as np
 
-    out = {}
+    out = {"one": [[("seg4/info", None, None)]]}
     raw = sorted(p for p in (root / "raw128" / "8_8_8").iterdir())
     out["raw128"] = [[(f"raw128/8_8_8/{p.name}", None, None) for p in raw]]
     for name, index_bytes in (("seg64", 16), ("seg4", 128)):
@@ -96,8 +97,9 @@ def make_client(name: str, base: str):
 
             async def one(k, s, e):
                 if "session" not in holder:
-                    holder["session"] = aiohttp.ClientSession(
-                        connector=aiohttp.TCPConnector(limit=0))
+                    holder["session"] = aiohttp.ClientSession(  # HttpStore's settings
+                        connector=aiohttp.TCPConnector(limit=128), read_bufsize=1 << 20,
+                        auto_decompress=False)
                 headers = {} if s is None else {"Range": f"bytes={s}-{e - 1}"}
                 async with holder["session"].get(f"{base}/{k}", headers=headers) as r:
                     r.raise_for_status()
@@ -179,7 +181,7 @@ def main() -> None:
     results: dict = {}
     try:
         for _ in range(args.rounds):
-            for pattern in ("raw128", "seg64", "seg4"):
+            for pattern in ("one", "raw128", "seg64", "seg4"):
                 for client in args.clients.split(","):
                     out = subprocess.run([sys.executable, __file__, "--worker", client, pattern,
                                           base, args.root], capture_output=True, text=True)
@@ -191,8 +193,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait()
-    print("pattern | client | requests | seconds | CPU seconds")
-    print("--- | --- | --- | --- | ---")
+    print("pattern | client | requests | seconds | CPU seconds | seconds per round (last run)")
+    print("--- | --- | --- | --- | --- | ---")
     for (pattern, client), rs in results.items():
         print(f"{pattern} | {client} | {rs[0]['requests']} | "
               f"{statistics.median(r['seconds'] for r in rs):.3f} | "
