@@ -85,7 +85,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         if task in ("W5", "W6"):  # remote clients are imported on the first remote open
             import aiohttp  # noqa: F401
             import fsspec.implementations.http  # noqa: F401
-            import xarray_precomputed.storage_http  # noqa: F401
+            import xarray_precomputed.storage.http_store  # noqa: F401
     if reader in ("ts", "ts-dask"):
         import tensorstore as ts
     elif reader == "cv":

@@ -10,6 +10,7 @@ import pytest
 
 from xarray_precomputed import storage
 from xarray_precomputed.storage import FsspecStore, LocalStore, MemoryStore, Store
+from xarray_precomputed.storage.http_store import HttpStore
 
 
 def _stores(tmp_path):
@@ -29,7 +30,7 @@ def store(request, tmp_path) -> Store:
 def test_every_store_implements_the_whole_interface():
     abstract = {n for n, v in vars(Store).items() if getattr(v, "__isabstractmethod__", False)}
     assert {"read", "read_ranges", "size", "list_dir", "has_dir", "write", "delete"} <= abstract
-    for cls in (LocalStore, MemoryStore, FsspecStore):
+    for cls in (LocalStore, MemoryStore, FsspecStore, HttpStore):
         assert not inspect.isabstract(cls), cls
         for name in ("read", "read_ranges", "read_many", "read_with", "write", "exists", "size",
                      "list_dir", "has_dir", "delete", "describe"):
@@ -72,6 +73,29 @@ def test_local_and_fsspec_stores_agree_on_the_same_files(tmp_path):
     assert remote.read_ranges("d/k", [(2, 4)]) == [b"23"]
     assert remote.list_dir("d") == local.list_dir("d") == {"k": 10}
     assert remote.has_dir("d") and local.has_dir("d")
+
+
+@pytest.mark.parametrize("ignore_range", [False, True])
+def test_the_http_store_reads_what_the_local_store_reads(tmp_path, ignore_range):
+    """Over a server with Range support, and one that ignores Range (answers 200 with the whole
+    object, which the store slices); a range past the end is short or empty, not an error."""
+    import httpserver
+
+    local = LocalStore(str(tmp_path))
+    local.write("d/k", bytes(range(100)))
+    local.write("d/e", b"")
+    ranges = [(10, 20), (0, 2), (95, 200), (150, 160), (30, 30)]
+    with httpserver.serve(str(tmp_path), ignore_range=ignore_range) as (base, _):
+        http = HttpStore(base)
+        assert http.read("d/k") == local.read("d/k")
+        assert http.read("d/e") == b"" and http.read("d/none") is None
+        assert http.read_many(["d/k", "d/none", "d/e"]) == [bytes(range(100)), None, b""]
+        assert http.read_ranges("d/k", ranges) == local.read_ranges("d/k", ranges)
+        assert http.read_ranges("d/none", [(0, 1)]) is None
+        assert http.size("d/k") == 100 and http.size("d/none") is None
+        assert http.exists("d/e") and not http.exists("d/none")
+        assert storage.open_store(base) is not http and isinstance(storage.open_store(base), HttpStore)
+        assert isinstance(storage.open_store(base, {"simple_links": True}), FsspecStore)
 
 
 def test_open_store_is_shared_per_url_and_options(tmp_path):
