@@ -497,14 +497,20 @@ def make_da(data, off=(0, 0, 0), res=(1, 1, 1), *, name=None, channel=True, unit
     return da
 
 
-def assert_same(a, b) -> None:
+def assert_same(a, b, msg: str = "") -> None:
     """Bitwise equality (NaN and -0.0 included), same shape and dtype."""
     a, b = np.asarray(a), np.asarray(b)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    assert a.shape == b.shape, (msg, a.shape, b.shape)
+    assert a.dtype == b.dtype, (msg, a.dtype, b.dtype)
     u = f"u{a.dtype.itemsize}"
     diff = np.ascontiguousarray(a).view(u) != np.ascontiguousarray(b).view(u)
-    assert not diff.any(), f"{diff.sum()} of {diff.size} values differ, first at {np.argwhere(diff)[0]}"
+    assert not diff.any(), (f"{msg}: {diff.sum()} of {diff.size} values differ, first at "
+                            f"{np.argwhere(diff)[0]}")
+
+
+def labels(shape, seed: int, dtype=np.uint64) -> np.ndarray:
+    """Segmentation-like XYZC data (see `make_data`)."""
+    return make_data(shape, dtype, seed, labels=True)
 
 
 def cv_read(path, scale_index: int = 0) -> np.ndarray:
@@ -568,3 +574,98 @@ def ome_transforms(zarr_path, array: str | None = None) -> dict[str, tuple[list,
         t = {c["type"]: c[c["type"]] for c in d["coordinateTransformations"]}
         out[d["path"]] = (t["scale"][-nspace:][::-1], t["translation"][-nspace:][::-1])
     return out if array is None else {array: out[array]}
+
+
+def scale_files(path, scale_index: int = 0) -> dict[str, bytes]:
+    """{file name: bytes} of a precomputed scale's directory (chunk or shard files)."""
+    d = scale_dir(path, scale_index)
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def parse_shard(blob: bytes, spec: dict) -> dict[int, tuple[int, int, bytes]]:
+    """An independent shard file parser: {chunk id: (minishard, start, stored bytes)}."""
+    import zlib
+
+    n_mini = 1 << spec["minishard_bits"]
+    end = 16 * n_mini
+    index = np.frombuffer(blob[:end], "<u8").reshape(n_mini, 2)
+    out = {}
+    for m, (a, b) in enumerate(index.tolist()):
+        if a == b:
+            continue
+        raw = blob[end + a:end + b]
+        if spec.get("minishard_index_encoding") == "gzip":
+            raw = zlib.decompress(raw, wbits=31)
+        arr = np.frombuffer(raw, "<u8").reshape(3, -1)
+        ids = np.cumsum(arr[0])
+        pos = end
+        for i in range(arr.shape[1]):
+            start = pos + int(arr[1, i])
+            stop = start + int(arr[2, i])
+            data = blob[start:stop]
+            if spec.get("data_encoding") == "gzip":
+                data = zlib.decompress(data, wbits=31)
+            out[int(ids[i])] = (m, start, data)
+            pos = stop
+    return out
+
+
+def tree_files(root) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under `root`."""
+    root = Path(root)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def zarr_shard_files(root) -> dict[str, Path]:
+    """{relative path: path} of the shard objects (`.../c/...`) of a Zarr v3 hierarchy."""
+    root = Path(root)
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+            if p.is_file() and "/c/" in f"/{p.relative_to(root)}"}
+
+
+# Precomputed volumes (written by TensorStore) that the OME-Zarr export tests convert:
+# name -> scales, each ((shape, dtype, seed[, labels]), write_volume / add_scale kwargs).
+OME_VOLUMES = {
+    # multiscale, multichannel: a sharded identity-hash scale and an unsharded one, odd sizes,
+    # negative and non-zero offsets, anisotropic resolution
+    "multi": [
+        (((37, 20, 9, 3), "uint16", 1), dict(chunk_size=(8, 8, 4), voxel_offset=(3, -2, 5),
+                                              resolution=(4, 4, 40),
+                                              sharding=dict(preshift_bits=1, minishard_bits=1,
+                                                            shard_bits=5))),
+        (((19, 10, 5, 3), "uint16", 2), dict(chunk_size=(8, 8, 4), voxel_offset=(1, -1, 2),
+                                              resolution=(8, 8, 80))),
+    ],
+    # one channel segmentation: murmurhash sharding (no shard box) then unsharded cseg
+    "seg": [
+        (((33, 40, 17, 1), "uint64", 3, True), dict(chunk_size=(16, 16, 8), voxel_offset=(-16, 0, 3),
+                                                    encoding="compressed_segmentation",
+                                                    block_size=(4, 4, 6),
+                                                    sharding=dict(preshift_bits=2, minishard_bits=1,
+                                                                  shard_bits=2,
+                                                                  hash="murmurhash3_x86_128",
+                                                                  minishard_index_encoding="gzip",
+                                                                  data_encoding="gzip"))),
+        (((17, 20, 9, 1), "uint64", 4, True), dict(chunk_size=(8, 8, 8), resolution=(2, 2, 2),
+                                                   encoding="compressed_segmentation")),
+    ],
+    # float32 with NaN, inf and -0.0, one channel, unsharded
+    "float": [
+        (((21, 13, 11, 1), "float32", 5), dict(chunk_size=(8, 8, 8), voxel_offset=(-7, 2, -1),
+                                               resolution=(3.5, 3.5, 30))),
+    ],
+}
+
+
+def build_ome_volumes(root, names=None) -> dict[str, tuple[Path, list[np.ndarray]]]:
+    """Write the `OME_VOLUMES` under `root`; {name: (path, TensorStore's reading per scale)}."""
+    out = {}
+    for name, scales in OME_VOLUMES.items():
+        if names is not None and name not in names:
+            continue
+        path = Path(root) / name
+        for k, ((shape, dtype, seed, *lab), kw) in enumerate(scales):
+            data = make_data(shape, dtype, seed, labels=bool(lab))
+            (write_volume if k == 0 else add_scale)(path, data, **kw)
+        out[name] = (path, [ts_read(path, k) for k in range(len(scales))])
+    return out

@@ -14,7 +14,7 @@ import xarray as xr
 
 import oracle
 import xarray_precomputed as xp
-from oracle import assert_same, make_da, make_data
+from oracle import assert_same, make_da, make_data, ts_read
 from xarray_precomputed import ExportError, WriterError
 from xarray_precomputed.writing.geometry import UNITS_TO_NM, input_scale
 
@@ -236,3 +236,47 @@ def test_downsample_of_micrometre_input_is_in_nm():
     for n in "xyz":
         np.testing.assert_allclose(um[n].values, nm[n].values, rtol=1e-12)
         assert um[n].attrs["units"] == "nm"
+
+
+def test_coordinates_inverted_exactly(tmp_path):
+    data = oracle.make_data((9, 7, 5, 1), "uint8", 3)
+    for res, off in [((3.3, 0.1, 42.5), (-17, 0, 123456)), ((1e-3, 7.77, 1 / 3), (5, -5, 2))]:
+        p = tmp_path / f"c{res[0]}"
+        da = make_da(data, off, res)
+        info = xp.to_precomputed(da, str(p))
+        s = info.scales[0]
+        assert s.resolution == res and s.voxel_offset == off
+        ds = xr.open_dataset(str(p), engine="precomputed")
+        for n in "xyz":
+            assert_same(ds[n].values, da[n].values)
+    # micrometre coordinates are converted
+    da = make_da(data, (2, 3, 4), (0.004, 0.004, 0.04))
+    for n in "xyz":
+        da[n].attrs["units"] = "um"
+    info = xp.to_precomputed(da, str(tmp_path / "um"))
+    assert info.scales[0].resolution == (4.0, 4.0, 40.0) and info.scales[0].voxel_offset == (2, 3, 4)
+
+
+def test_geometry_errors_and_overrides(tmp_path):
+    data = oracle.make_data((9, 7, 5, 1), "uint8", 3)
+    da = make_da(data)
+    bad = da.assign_coords(x=np.array([0, 1, 2, 3, 5, 6, 7, 8, 9], dtype=float))
+    with pytest.raises(WriterError, match="regular grid"):
+        xp.to_precomputed(bad, str(tmp_path / "bad"))
+    with pytest.raises(WriterError, match="data type"):
+        xp.to_precomputed(da.astype(np.float64), str(tmp_path / "f64"))
+    with pytest.raises(WriterError, match="encoding 'jpeg'"):
+        xp.to_precomputed(da.astype(np.uint16), str(tmp_path / "j"), encoding="jpeg")
+    with pytest.raises(WriterError, match="dims"):
+        xp.to_precomputed(da.rename(x="col"), str(tmp_path / "d"))
+    one = make_da(data[:1], (4, 0, 0), (8, 1, 1))
+    with pytest.raises(WriterError, match="single voxel"):
+        xp.to_precomputed(one, str(tmp_path / "one"))
+    info = xp.to_precomputed(one, str(tmp_path / "one"), resolution=(8, 1, 1))
+    assert info.scales[0].voxel_offset == (4, 0, 0)
+    # no coordinates at all: resolution 1, offset 0 unless given
+    plain = xr.DataArray(data[..., 0], dims=("z", "y", "x"))
+    info = xp.to_precomputed(plain, str(tmp_path / "plain"), voxel_offset=(1, 2, 3))
+    s = info.scales[0]
+    assert s.size == (9, 7, 5)[::-1] and s.voxel_offset == (1, 2, 3) and s.resolution == (1, 1, 1)
+    assert_same(ts_read(tmp_path / "plain")[..., 0], data[..., 0].transpose(2, 1, 0))
