@@ -82,8 +82,8 @@ def _load(src: str, engine: str, info: str | None, storage_options: dict | None)
     from .storage import strip_scheme_prefix
 
     if engine == "dvid_arrow":
-        from .dvid.reader import load_info
         from .backends.dvid_arrow import present_scales
+        from .dvid.reader import load_info
 
         vi = load_info(info, storage_options=storage_options)
         url = strip_scheme_prefix(src)
@@ -225,7 +225,8 @@ def cmd_convert(args) -> int:
             tree, args.dst, scales=args.scale, shard_shape=args.shard_shape,
             max_shard_bytes=args.max_shard_bytes, compressor=args.compressor, level=args.level,
             overwrite=args.overwrite, verify=args.verify, progress=args.progress,
-            scheduler=args.scheduler, num_workers=args.workers, name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
+            scheduler=args.scheduler, num_workers=args.workers,
+            name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
             storage_options=args.dst_storage_options)
         print(report)
         return 0

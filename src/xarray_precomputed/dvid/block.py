@@ -36,7 +36,7 @@ from ..errors import CorruptChunkError
 try:
     from . import _block  # the sub-block phase in C: ~5x faster, GIL released
 except ImportError:  # pragma: no cover - a source tree without the built extension
-    _block = None
+    _block = None  # type: ignore[assignment]
 
 SUB = 8                      # sub-block edge
 SUB_VOXELS = SUB ** 3        # 512

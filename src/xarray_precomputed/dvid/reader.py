@@ -27,7 +27,7 @@ def load_info(info: Any, *, storage_options: dict | None = None) -> VolumeInfo:
     if isinstance(info, VolumeInfo):
         return info
     if isinstance(info, (Mapping, bytes, bytearray)):
-        return parse_info(info)
+        return parse_info(bytes(info) if isinstance(info, bytearray) else info)
     if isinstance(info, os.PathLike) or isinstance(info, str):
         text = os.fspath(info)
         if text.lstrip().startswith("{"):
@@ -93,15 +93,16 @@ class DvidScaleReader(ChunkedScaleReader):
 
     def chunk(self, cell: Sequence[int]) -> np.ndarray | None:
         """One whole decoded chunk (X, Y, Z) by grid cell, or None when it is absent."""
-        cell = tuple(int(c) for c in cell)
-        if not all(0 <= c < g for c, g in zip(cell, self.grid_shape)):
-            raise BoundsError(f"grid cell {cell} is outside the grid {self.grid_shape}")
+        x, y, z = (int(c) for c in cell)
+        at = (x, y, z)
+        if not all(0 <= c < g for c, g in zip(at, self.grid_shape)):
+            raise BoundsError(f"grid cell {at} is outside the grid {self.grid_shape}")
         files = self.files
-        shard = self.boxes.shard_of(cell)
-        rec = files.records(shard, [cell], lambda i: self._describe(files, cell))[0]
+        shard = self.boxes.shard_of(at)
+        rec = files.records(shard, [at], lambda i: self._describe(files, at))[0]
         if rec is None:
             return None
-        return self.decode_record(rec, self._describe(files, cell))
+        return self.decode_record(rec, self._describe(files, at))
 
     def decode_record(self, rec, where: str, out: np.ndarray | None = None) -> np.ndarray:
         """One chunk record decoded as a whole (X, Y, Z) block of this reader's labels."""

@@ -17,15 +17,15 @@ import json
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import CodecUnavailableError, CorruptChunkError, InfoError, ShardFormatError
 from ..format.info import ScaleInfo
 from ..format.sharding import shard_box
-from ..util import LRUCache
 from ..storage import Store
+from ..util import LRUCache
 
 INSTALL_HINT = "pip install 'xarray-precomputed[dvid]'"
 FOOTER_MAGIC = b"CHUNKIDX"
@@ -185,7 +185,7 @@ def parse_csv_index(data: bytes, *, where: str) -> ShardIndex:
             if len(row) != len(header):
                 raise ShardFormatError(f"line {lineno} has {len(row)} fields, the header "
                                        f"{len(header)}", chunk=where)
-            key = tuple(_int(row[cols[a]], a, where) for a in "xyz")
+            cell = tuple(_int(row[cols[a]], a, where) for a in "xyz")
             if with_offsets:
                 offset = _int(row[cols["offset"]], "offset", where)
                 size = _int(row[cols["size"]], "size", where)
@@ -201,7 +201,7 @@ def parse_csv_index(data: bytes, *, where: str) -> ShardIndex:
                 if rec < 0:
                     raise ShardFormatError(f"line {lineno}: negative record number", chunk=where)
                 entry = Entry(rec=rec)
-            entries[key] = entry
+            entries[cell] = entry
     except csv.Error as e:
         raise ShardFormatError(f"chunk index CSV is malformed ({e})", chunk=where) from None
     kind = "csv-offsets" if with_offsets else "csv-rec"
@@ -317,10 +317,10 @@ class Rows:
             self._lookup = {}
             for i, c in enumerate(self.coords.tolist()):
                 self._lookup.setdefault(tuple(c), i)
-        i = self._lookup.get(tuple(cell))
-        if i is None:
-            i = self._lookup.get(tuple(c * s for c, s in zip(cell, chunk_size)))
-        return i
+        found = self._lookup.get(tuple(cell))
+        if found is None:
+            found = self._lookup.get(tuple(c * s for c, s in zip(cell, chunk_size)))
+        return found
 
     def matches(self, i: int, cell, chunk_size) -> bool:
         c = tuple(self.coords[i].tolist())
@@ -478,8 +478,8 @@ class ShardFiles:
         out: list[Record | None] = [None] * len(cells)
         if idx is None:
             return out
-        want = [(i, idx.entries.get(tuple(c))) for i, c in enumerate(cells)]
-        want = [(i, e) for i, e in want if e is not None]
+        want = [(i, e) for i, c in enumerate(cells)
+                if (e := idx.entries.get(tuple(c))) is not None]
         if not want:
             return out
         if idx.has_offsets:

@@ -8,7 +8,7 @@ import math
 import posixpath
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence, TypeGuard
 
 import numpy as np
 
@@ -121,7 +121,7 @@ class ScaleInfo:
         return tuple(-(-s // k) for s, k in zip(self.size, c))  # type: ignore[return-value]
 
     def to_json(self) -> dict:
-        d = {
+        d: dict[str, Any] = {
             "key": self.key,
             "size": list(self.size),
             "voxel_offset": list(self.voxel_offset),
@@ -130,7 +130,7 @@ class ScaleInfo:
             "chunk_sizes": [list(c) for c in self.chunk_sizes],
             "encoding": self.encoding,
         }
-        if self.encoding == "compressed_segmentation":
+        if self.compressed_segmentation_block_size is not None:
             d["compressed_segmentation_block_size"] = list(self.compressed_segmentation_block_size)
         if self.sharding is not None:
             d["sharding"] = self.sharding.to_json()
@@ -160,7 +160,7 @@ class VolumeInfo:
             **dict(self.extra),
         }
 
-    def find_scale(self, which: int | str | tuple | list) -> ScaleInfo:
+    def find_scale(self, which: int | str | Sequence[float]) -> ScaleInfo:
         """A scale by index, by key, or by resolution in nm."""
         if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
             i = int(which)
@@ -185,11 +185,11 @@ class VolumeInfo:
 
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -264,7 +264,7 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
 
     encoding = obj.get("encoding")
     codec = CODECS.get(encoding) if isinstance(encoding, str) else None
-    if codec is None:
+    if codec is None or not isinstance(encoding, str):
         raise InfoError(f"unknown encoding {encoding!r}; known: {sorted(CODECS)}",
                         field="encoding", scale=name)
     if codec.data_types is not None and data_type not in codec.data_types:

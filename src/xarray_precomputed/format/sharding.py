@@ -14,7 +14,7 @@ import numpy as np
 try:  # a dependency; the zlib path below is complete without it
     import deflate as _deflate
 except ImportError:  # pragma: no cover - a platform without its wheel
-    _deflate = None
+    _deflate = None  # type: ignore[assignment]
 
 from ..errors import CorruptChunkError, ShardFormatError
 from .info import ShardingSpec
@@ -82,7 +82,7 @@ def shard_index_bytes(spec: ShardingSpec) -> int:
     return 16 << spec.minishard_bits
 
 
-def parse_shard_index_entry(buf: bytes, *, where: str) -> tuple[int, int]:
+def parse_shard_index_entry(buf: bytes | memoryview, *, where: str) -> tuple[int, int]:
     if len(buf) != 16:
         raise ShardFormatError(f"shard index entry is {len(buf)} bytes, expected 16 "
                                "(file shorter than its shard index)", chunk=where)

@@ -66,7 +66,7 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
     if nbytes < LARGE_RESULT_BYTES:
         return _allocate_small(shape, dtype, order=order), False
     if _set_hugepage is None:
-        return np.zeros(shape, dtype, order=order), True
+        return np.zeros(shape, dtype, order=order), True  # type: ignore[call-overload]
     with _hugepage_lock:
         previous = _set_hugepage(False)
         try:
@@ -77,7 +77,8 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
     return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
 
 
-_allocate_small = np.empty  # tests replace it with an allocator that fills in garbage
+# tests replace it with an allocator that fills in garbage
+_allocate_small: Callable[..., np.ndarray] = np.empty
 
 
 @functools.lru_cache(maxsize=64)

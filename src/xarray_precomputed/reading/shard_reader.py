@@ -15,8 +15,14 @@ import numpy as np
 
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
-from ..format.sharding import (MinishardIndex, decode_gzip, parse_minishard_index,
-                               parse_shard_index_entry, shard_filename, shard_index_bytes)
+from ..format.sharding import (
+    MinishardIndex,
+    decode_gzip,
+    parse_minishard_index,
+    parse_shard_index_entry,
+    shard_filename,
+    shard_index_bytes,
+)
 from ..storage import Store
 from ..util import LRUCache, single_flight
 

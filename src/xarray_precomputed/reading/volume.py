@@ -88,6 +88,7 @@ class ScaleReader(ChunkedScaleReader):
     @functools.cached_property
     def _shards(self) -> ShardReader:
         s = self.scale_info
+        assert s.sharding is not None, "only sharded scales read through a ShardReader"
         return ShardReader(self.store, s.path, s.sharding, max_chunk_bytes=self._max_stored_bytes(),
                            max_chunks=math.prod(self.grid_shape))
 
