@@ -204,3 +204,96 @@ def test_docs_export_example_runs(volume, tmp_path, monkeypatch):
                           ts_read(volume, 1).transpose(3, 2, 1, 0))
     assert np.array_equal(ts_zarr(tmp_path / "crop.zarr" / "s1"),
                           ts_read(volume, 1)[:16, :8].transpose(3, 2, 1, 0))
+
+
+# ---------------------------------------------------------------------------- issue 15: the surface
+
+@pytest.fixture(scope="module")
+def holey(tmp_path_factory) -> Path:
+    """Unsharded, chunks (8, 8, 4) on a 24 x 16 x 12 grid of 3 x 2 x 3 cells, of which only the
+    box x < 16, z < 8 is written: 18 cells, 8 files, 10 missing."""
+    path = tmp_path_factory.mktemp("cli") / "holey"
+    write_volume(path, make_data((24, 16, 12, 1), "uint16", 21, nonzero=True), chunk_size=(8, 8, 4),
+                 region=(slice(0, 16), slice(0, 16), slice(0, 8)))
+    return path
+
+
+def _files(scale_dir: Path) -> list[Path]:
+    return [p for p in scale_dir.iterdir() if p.is_file()]
+
+
+def test_convert_counts_missing_chunks(holey, tmp_path, capsys):
+    present = len(_files(holey / "1_1_1"))
+    missing = 3 * 2 * 3 - present
+    assert missing == 10
+    out = cli(capsys, "convert", holey, tmp_path / "h.zarr", "--no-progress")[0]
+    assert f"missing source chunks: {missing} read as 0" in out
+    out = cli(capsys, "convert", holey, tmp_path / "h", "--to", "precomputed")[0]
+    assert f"missing source chunks: {missing} read as 0" in out
+    np.testing.assert_array_equal(ts_read(tmp_path / "h"), ts_read(holey))
+    full = cli(capsys, "convert", tmp_path / "h", tmp_path / "h2.zarr", "--no-progress")[0]
+    assert "missing source chunks: none" in full
+
+
+def test_convert_no_fill_missing_stops(holey, volume, tmp_path, capsys):
+    for to in ("zarr", "precomputed"):
+        err = cli(capsys, "convert", holey, tmp_path / f"strict-{to}", "--to", to,
+                  "--no-fill-missing", "--no-progress", code=1)[1]
+        assert err.startswith("error:") and "missing" in err and "1_1_1/" in err
+        assert len(err.strip().splitlines()) == 1
+    # a complete volume converts as before
+    out = cli(capsys, "convert", volume, tmp_path / "ok.zarr", "--no-fill-missing",
+              "--no-progress")[0]
+    assert "missing source chunks: none" in out
+
+
+def test_convert_to_precomputed_progress_and_summary(volume, holey, tmp_path, capsys):
+    out, err = cli(capsys, "convert", volume, tmp_path / "p", "--to", "precomputed",
+                   "--progress")
+    info = read_info(tmp_path / "p")
+    shards = [p for p in _files(tmp_path / "p" / info["scales"][0]["key"])]
+    chunks = _files(tmp_path / "p" / info["scales"][1]["key"])
+    assert "writing 4_4_40" in err and "writing 8_8_80" in err   # a bar per scale
+    assert out.startswith(f"precomputed volume written to {tmp_path / 'p'} in ")
+    assert f"4_4_40: {len(shards)} shards to write, {len(shards)} written" in out
+    assert f"8_8_80: {len(chunks)} chunks to write, {len(chunks)} written" in out
+    stored = sum(p.stat().st_size for p in shards + chunks)
+    assert "stored" in out and "MB/s" in out
+    for k in range(2):
+        np.testing.assert_array_equal(ts_read(tmp_path / "p", k), ts_read(volume, k))
+    assert stored > 0
+    # no bar unless asked (stderr is not a terminal here)
+    err = cli(capsys, "convert", volume, tmp_path / "q", "--to", "precomputed")[1]
+    assert "writing" not in err
+
+
+@pytest.mark.parametrize("what", ["info-file", "scale-dir", "precomputed-colon", "bad-scheme",
+                                  "not-json-info"])
+def test_errors_are_one_line(volume, tmp_path, what, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "info").write_text("{not json")
+    url = {"info-file": volume / "info", "scale-dir": volume / "4_4_40",
+           "precomputed-colon": f"precomputed:{volume}", "bad-scheme": "gss://bucket/volume",
+           "not-json-info": bad}[what]
+    for cmd in (("info", url), ("convert", url, tmp_path / "o.zarr")):
+        out, err = cli(capsys, *cmd, code=1)
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err
+    if what == "info-file":
+        assert f"pass its directory {str(volume)!r}" in err
+
+
+def test_traceback_on_request(tmp_path, capsys):
+    with pytest.raises(Exception):
+        main(["--traceback", "info", str(tmp_path / "nothing")])
+
+
+def test_closed_pipe_is_quiet(volume):
+    # `xarray-precomputed info --json VOL | head -c1`: the reader goes away before we write
+    proc = subprocess.Popen([sys.executable, "-m", "xarray_precomputed", "info", "--json",
+                             str(volume)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=120)
+    assert rc == 141 and err == "", (rc, err)

@@ -5,7 +5,10 @@
     xarray-precomputed convert SRC DST --to precomputed [--encoding E] [--chunk-size X Y Z] ...
 
 `--scale` picks scales by index in the info's `scales` list (or by key); converted arrays keep the
-source index in their name (`s<K>`). Exit status: 0 success, 1 a reported error, 2 bad usage.
+source index in their name (`s<K>`). Missing source chunks are read as 0 and counted in the
+report (`--no-fill-missing` stops at the first instead). Errors are one line on stderr, never a
+traceback (`--traceback` shows it). Exit status: 0 success, 1 a reported error, 2 bad usage,
+130 interrupted, 141 the output pipe was closed (`| head`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import os
 import re
 import sys
+import time
 from typing import Any, Sequence
 
 ENGINES = ("precomputed", "dvid_arrow")
@@ -212,12 +216,93 @@ def _open_source(args, engine: str):
         kw["info"] = args.info if engine == "dvid_arrow" else _read_info_arg(args.info)
     if engine == "dvid_arrow" and args.labels:
         kw["labels"] = args.labels
+    if not args.fill_missing:
+        kw["fill_missing"] = False
     return xr.open_datatree(args.src, engine=engine, **kw)
 
 
+def _missing_line(url: str, before: int, scheduler: str | None) -> str:
+    from .reading.missing import filled_chunks
+
+    if scheduler == "processes":
+        return "missing source chunks: not counted with --scheduler processes"
+    n = filled_chunks(url) - before
+    if n == 0:
+        return "missing source chunks: none"
+    return (f"missing source chunks: {n:,} read as 0 (absent in the source; --no-fill-missing "
+            "stops at the first instead)")
+
+
+class _WriteReport:
+    """Progress bar and summary of `convert --to precomputed` (a WriteProgress)."""
+
+    def __init__(self, show: bool):
+        self.show = show
+        self.scales: list[dict] = []
+        self.t0 = time.perf_counter()
+        self.bar: Any = None
+        self.done = self.total = 0
+
+    def planned(self, key: str, unit: str, todo: int, complete: int) -> None:
+        self.scales.append({"key": key, "unit": unit, "todo": todo, "complete": complete,
+                            "written": 0, "bytes": 0})
+        if not self.show:
+            return
+        self.close_bar()
+        self.done, self.total = 0, todo
+        try:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=todo, unit=unit[:-1], desc=f"writing {key}", file=sys.stderr)
+        except ImportError:
+            self.bar = None
+            self._line(key, unit)
+
+    def wrote(self, done: int, objects: int, nbytes: int) -> None:
+        s = self.scales[-1]
+        s["written"] += objects
+        s["bytes"] += nbytes
+        if not self.show:
+            return
+        self.done += done
+        if self.bar is not None:
+            self.bar.update(done)
+        else:
+            self._line(s["key"], s["unit"])
+
+    def _line(self, key: str, unit: str) -> None:
+        sys.stderr.write(f"\rwriting {key}: {self.done}/{self.total} {unit}, "
+                         f"{time.perf_counter() - self.t0:.0f} s")
+        sys.stderr.flush()
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self.show and self.scales:
+            sys.stderr.write("\n")
+
+    def summary(self, dst: str) -> str:
+        seconds = time.perf_counter() - self.t0
+        lines = [f"precomputed volume written to {dst} in {seconds:.1f} s"]
+        for s in self.scales:
+            lines.append(f"  {s['key']}: {s['todo']:,} {s['unit']} to write, {s['written']:,} "
+                         f"written ({s['todo'] - s['written']:,} empty, skipped), "
+                         f"{s['complete']:,} already complete; {_human(s['bytes'])} stored")
+        total = sum(s["bytes"] for s in self.scales)
+        if seconds > 0 and total:
+            lines.append(f"  {_human(total)} stored, {total / seconds / 1e6:.1f} MB/s")
+        return "\n".join(lines)
+
+
 def cmd_convert(args) -> int:
+    from .reading.missing import filled_chunks
+    from .storage import strip_scheme_prefix
+
     engine = args.engine or _guess_engine(args.src)
     tree = _open_source(args, engine)
+    src_url = strip_scheme_prefix(args.src)  # as the readers name it
+    before = filled_chunks(src_url)
     if args.to == "zarr":
         from .export.ome_zarr import to_ome_zarr
 
@@ -229,6 +314,7 @@ def cmd_convert(args) -> int:
             name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
             storage_options=args.dst_storage_options)
         print(report)
+        print(_missing_line(src_url, before, args.scheduler))
         return 0
     from .export.ome_zarr import scale_matches
     from .writing.precomputed import to_precomputed
@@ -247,12 +333,17 @@ def cmd_convert(args) -> int:
         obj = tree[names[0]].to_dataset() if len(names) == 1 else \
             type(tree).from_dict({"/": tree.to_dataset(inherit=False),
                                   **{f"/{n}": tree[n].to_dataset() for n in names}})
-    to_precomputed(obj, args.dst, encoding=args.encoding, chunk_size=args.chunk_size,
-                   sharding=args.sharding,
-                   compressed_segmentation_block_size=args.cseg_block_size,
-                   storage_options=args.dst_storage_options, overwrite=args.overwrite,
-                   max_workers=args.workers)
-    print(f"precomputed volume written to {args.dst}")
+    report = _WriteReport(sys.stderr.isatty() if args.progress is None else args.progress)
+    try:
+        to_precomputed(obj, args.dst, encoding=args.encoding, chunk_size=args.chunk_size,
+                       sharding=args.sharding,
+                       compressed_segmentation_block_size=args.cseg_block_size,
+                       storage_options=args.dst_storage_options, overwrite=args.overwrite,
+                       max_workers=args.workers, progress=report)
+    finally:
+        report.close_bar()
+    print(report.summary(args.dst))
+    print(_missing_line(src_url, before, None))
     return 0
 
 
@@ -266,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect Neuroglancer precomputed volumes (and DVID Arrow exports) and "
                     "convert them to OME-Zarr 0.5 (sharded Zarr v3) or precomputed.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--traceback", action="store_true",
+                   help="on an error, show Python's traceback instead of one line")
     sub = p.add_subparsers(dest="command", required=True)
 
     def source_options(sp):
@@ -298,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="replace the destination instead of resuming it")
     c.add_argument("--workers", type=int, default=None, help="worker threads (processes)")
+    c.add_argument("--no-fill-missing", dest="fill_missing", action="store_false",
+                   help="stop with an error at the first chunk absent from the source (default: "
+                        "read it as 0 and count it in the report)")
     c.add_argument("--scheduler", choices=("threads", "processes", "sync"), default="threads",
                    help="dask scheduler for --to zarr (default threads)")
     c.add_argument("--dst-storage-options", type=_json_arg, default=None, metavar="JSON",
@@ -313,9 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--verify", choices=("checksum", "size"), default="checksum",
                    help="how shards recorded by an earlier run are checked before skipping them")
     z.add_argument("--name", help="multiscale name in the OME metadata")
-    prog = z.add_mutually_exclusive_group()
+    prog = c.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="progress bar (default: only on a terminal)")
+                      help="progress bar on stderr (default: only on a terminal)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     pc = c.add_argument_group("precomputed output (--to precomputed)")
     pc.add_argument("--encoding", help="raw, compressed_segmentation, jpeg, png, ...")
@@ -335,12 +431,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (PrecomputedError, FileNotFoundError, PermissionError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        # `... | head` closed our stdout: stop quietly, and keep Python's exit-time flush of the
+        # dead pipe from printing another error.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except (PrecomputedError, OSError) as e:
+        if args.traceback:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a command line prints no tracebacks by default
+        if args.traceback:
+            raise
+        print(f"error: {type(e).__name__}: {e} (rerun with --traceback to see where)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,6 +25,7 @@ from ..errors import MissingChunkError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
+from .missing import record_filled
 from .selection import (
     as_index,
     axis_parts,
@@ -240,6 +241,7 @@ class ChunkedScaleReader(ABC):
     def _missing(self, name, job, out: np.ndarray, zeroed: bool) -> None:
         if not self.fill_missing:
             raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
+        record_filled(self.url)
         if not zeroed:
             out[dest_index(job)] = 0
 

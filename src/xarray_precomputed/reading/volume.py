@@ -48,7 +48,7 @@ class Volume:
             store = open_store(url, storage_options)
             text = store.read("info")
             if text is None:
-                raise StorageError("no 'info' file: not a precomputed volume", url=store.describe("info"))
+                raise _no_info(url, store, storage_options)
             info = text
         parsed = info if isinstance(info, VolumeInfo) else parse_info(info)
         return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing)
@@ -210,6 +210,30 @@ class ScaleReader(ChunkedScaleReader):
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,
                       scale=self.scale_info, dtype=self.info.dtype,
                       num_channels=self.info.num_channels, chunk=chunk)
+
+
+def _no_info(url: str, store, storage_options) -> StorageError:
+    """The error for a URL without an `info`, saying which directory to pass when the URL is a
+    volume's info file or one of its scale directories (common slips when copying paths)."""
+    where = store.describe("info")
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if parent or url.startswith("/"):
+        try:
+            text = open_store(parent or "/", storage_options).read("info")
+            info = parse_info(text) if text is not None else None
+        except (PrecomputedError, OSError, ValueError):
+            info = None
+        if info is not None and name == "info":
+            return StorageError(f"this is the volume's info file; pass its directory {parent!r}",
+                                url=url)
+        if info is not None:
+            for s in info.scales:
+                if name in (s.key, s.path):
+                    return StorageError(
+                        f"this is the directory of scale {s.key!r} (index {s.index}) of the "
+                        f"volume at {parent!r}; pass {parent!r} and scale={s.key!r}", url=url)
+    return StorageError("no 'info' file: not a precomputed volume (pass the directory that holds "
+                        "the info file)", url=where)
 
 
 def open_volume(url: str, **kwargs) -> Volume:

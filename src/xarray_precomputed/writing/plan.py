@@ -10,6 +10,7 @@ import numpy as np
 
 from ..format.morton import compressed_morton
 from ..format.sharding import chunk_location, shard_box
+from . import progress
 from .geometry import InputScale
 from .resume import cleanup_temporaries, valid_shard, valid_unsharded
 from .target import Target, box_groups, budget_box, cells_in, vox_box
@@ -17,7 +18,7 @@ from .tasks import dask_sharded, dask_unsharded, encode_cells, run_pool, write_s
 
 
 def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
-                max_workers: int) -> dict:
+                max_workers: int, key: str = "") -> dict:
     """Write every chunk/shard object of one scale. Returns counters."""
     store = tgt.store
     folder = tgt.path
@@ -46,6 +47,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
             stats["skipped"] += len(skip)
             stats["objects"] += len(cells) - len(skip)
             groups.append((lo, hi, cells, frozenset(skip)))
+        progress.planned(tgt.url, key, "chunks", stats)
         if sc.is_dask:
             stats["bytes"] = dask_unsharded(sc, tgt, groups, box)
         else:
@@ -53,7 +55,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
                 vb = vox_box(tgt, lo, hi)
                 data = sc.read(vb)
                 return write_unsharded(tgt, encode_cells(tgt, data, [b.start for b in vb], cells),
-                                       skip)
+                                       skip, planned=len(cells) - len(skip))
             stats["bytes"] = sum(run_pool([lambda g=g: write_group(*g) for g in groups],
                                           max_workers))
         return stats
@@ -87,6 +89,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
             continue
         todo.append((shard, cells, bx))
     stats["objects"] = len(todo)
+    progress.planned(tgt.url, key, "shards", stats)
     if sc.is_dask:
         stats["bytes"] = dask_sharded(sc, tgt, todo, per_voxel, block_bytes)
         return stats

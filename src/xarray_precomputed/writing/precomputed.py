@@ -35,12 +35,15 @@ from ..format.info import DATA_TYPES, VolumeInfo
 from ..reading.shard_reader import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
 from .geometry import InputScale, input_scales
+from . import progress as write_progress
 from .plan import write_scale
+from .progress import WriteProgress
 from .scale_info import choose_sharding, int_option, merge_info, scale_json
 from .shard_file import build_shard
 from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS, Target, encode_chunk
 
-__all__ = ["to_precomputed", "choose_sharding", "encode_chunk", "build_shard", "WriterError",
+__all__ = ["to_precomputed", "WriteProgress", "choose_sharding", "encode_chunk", "build_shard",
+           "WriterError",
            "WRITABLE_ENCODINGS"]
 
 # sharding="auto": uncompressed bytes per shard the choice aims at (TensorStore's
@@ -69,7 +72,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                    gzip_level: int = 6, shard_bytes: int = DEFAULT_SHARD_BYTES,
                    write_empty_chunks: bool = True, resume: bool | str = "auto", overwrite: bool = False,
                    block_bytes: int = DEFAULT_BLOCK_BYTES,
-                   max_workers: int | None = None) -> VolumeInfo:
+                   max_workers: int | None = None,
+                   progress: WriteProgress | None = None) -> VolumeInfo:
     """Write `obj` as a Neuroglancer precomputed volume at `url`; returns the written info.
 
     obj: a DataArray or Dataset (one scale) or a DataTree (every node holding data is a scale,
@@ -94,6 +98,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         objects in every case, False never.
     overwrite: replace a scale whose parameters differ from the existing info's (objects it
         does not rewrite stay).
+    progress: a `WriteProgress` told what is planned and written, as it happens (the CLI's
+        progress bar and summary).
     """
     try:
         url = strip_scheme_prefix(str(os.fspath(url)))
@@ -133,6 +139,23 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
 
     opts = tuple(sorted((storage_options or {}).items()))
     workers = max_workers or max(1, os.cpu_count() or 1)
+    if progress is not None:
+        write_progress.attach(url, progress)
+    try:
+        _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
+                      png_level, gzip_level, write_empty_chunks, block_bytes)
+    finally:
+        if progress is not None:
+            write_progress.detach(url)
+    store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
+    # Readers in this process may have cached indices of the shard files just replaced.
+    forget_cached_indices()
+    return parsed
+
+
+def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
+                  png_level, gzip_level, write_empty_chunks, block_bytes) -> None:
+    dt = parsed.data_type
     for sc, d in zip(scales, sjson):
         s = parsed.find_scale(d["key"])
         tgt = Target(
@@ -143,8 +166,4 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
             jpeg_quality=jpeg_quality, png_level=png_level, gzip_level=gzip_level,
             write_empty_chunks=write_empty_chunks)
         write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
-                    max_workers=workers)
-    store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
-    # Readers in this process may have cached indices of the shard files just replaced.
-    forget_cached_indices()
-    return parsed
+                    max_workers=workers, key=d["key"])

@@ -14,6 +14,7 @@ import numpy as np
 from ..format.morton import compressed_morton
 from ..format.sharding import shard_box
 from ..storage import LocalStore
+from . import progress
 from .geometry import InputScale
 from .shard_file import build_shard
 from .target import Target, box_groups, budget_box, cells_in
@@ -37,15 +38,20 @@ def encode_cells(tgt: Target, data: np.ndarray, origin, cells) -> list[tuple[tup
 def write_shard(tgt: Target, shard: int, encoded: Iterable[tuple[tuple, bytes]]) -> int:
     encoded = list(encoded)
     if not encoded:
+        progress.wrote(tgt.url, 1, 0, 0)
         return 0
     cells = np.array([c for c, _ in encoded], dtype=np.int64)
     ids = compressed_morton(cells, tgt.grid)
     data = build_shard(ids, [b for _, b in encoded], tgt.spec, gzip_level=tgt.gzip_level)
     tgt.store.write(tgt.key(tgt.shard_name(shard)), data)
+    progress.wrote(tgt.url, 1, 1, len(data))
     return len(data)
 
 
-def write_unsharded(tgt: Target, encoded: Iterable[tuple[tuple, bytes]], skip=frozenset()) -> int:
+def write_unsharded(tgt: Target, encoded: Iterable[tuple[tuple, bytes]], skip=frozenset(),
+                    planned: int = 0) -> int:
+    """Write the encoded chunks not in `skip`; `planned` is how many chunks of the plan this
+    call settles (written, or skipped as all-zero), for progress reports."""
     store = tgt.store
     todo = [(tgt.key(tgt.chunk_name(cell)), blob) for cell, blob in encoded
             if tgt.chunk_name(cell) not in skip]
@@ -54,7 +60,9 @@ def write_unsharded(tgt: Target, encoded: Iterable[tuple[tuple, bytes]], skip=fr
             store.write(key, blob)
     else:  # object stores: one PUT per chunk, several in flight
         run_pool([lambda k=k, b=b: store.write(k, b) for k, b in todo], REMOTE_PUTS)
-    return sum(len(b) for _, b in todo)
+    nbytes = sum(len(b) for _, b in todo)
+    progress.wrote(tgt.url, planned, len(todo), nbytes)
+    return nbytes
 
 
 def run_pool(fns, max_workers) -> list:
@@ -95,7 +103,8 @@ def task_gather_shard(tgt: Target, shard: int, *parts) -> int:
 
 
 def task_unsharded(block: np.ndarray, tgt: Target, origin, cells, skip) -> int:
-    return write_unsharded(tgt, encode_cells(tgt, np.asarray(block), origin, cells), skip)
+    return write_unsharded(tgt, encode_cells(tgt, np.asarray(block), origin, cells), skip,
+                           planned=len(cells) - len(skip))
 
 
 def rechunked(sc: InputScale, tgt: Target, box_cells) -> Any:
