@@ -34,8 +34,8 @@ from ..errors import WriterError
 from ..format.info import DATA_TYPES, VolumeInfo
 from ..reading.shard_reader import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
-from .geometry import InputScale, input_scales
 from . import progress as write_progress
+from .geometry import InputScale, input_scales
 from .plan import write_scale
 from .progress import WriteProgress
 from .scale_info import choose_sharding, int_option, merge_info, scale_json
@@ -43,8 +43,7 @@ from .shard_file import build_shard
 from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS, Target, encode_chunk
 
 __all__ = ["to_precomputed", "WriteProgress", "choose_sharding", "encode_chunk", "build_shard",
-           "WriterError",
-           "WRITABLE_ENCODINGS"]
+           "WriterError", "WRITABLE_ENCODINGS"]
 
 # sharding="auto": uncompressed bytes per shard the choice aims at (TensorStore's
 # write_chunk "elements" target, expressed in bytes of voxels).
