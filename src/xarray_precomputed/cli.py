@@ -234,7 +234,8 @@ def _missing_line(url: str, before: int, scheduler: str | None) -> str:
 
 
 class _WriteReport:
-    """Progress bar and summary of `convert --to precomputed` (a WriteProgress)."""
+    """Progress bar and summary of `convert --to precomputed`: a `writing.progress.WriteProgress`
+    (duck-typed, so that `info` does not import the writer)."""
 
     def __init__(self, show: bool):
         self.show = show
@@ -333,16 +334,16 @@ def cmd_convert(args) -> int:
         obj = tree[names[0]].to_dataset() if len(names) == 1 else \
             type(tree).from_dict({"/": tree.to_dataset(inherit=False),
                                   **{f"/{n}": tree[n].to_dataset() for n in names}})
-    report = _WriteReport(sys.stderr.isatty() if args.progress is None else args.progress)
+    written = _WriteReport(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
         to_precomputed(obj, args.dst, encoding=args.encoding, chunk_size=args.chunk_size,
                        sharding=args.sharding,
                        compressed_segmentation_block_size=args.cseg_block_size,
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
-                       max_workers=args.workers, progress=report)
+                       max_workers=args.workers, progress=written)  # type: ignore[arg-type]
     finally:
-        report.close_bar()
-    print(report.summary(args.dst))
+        written.close_bar()
+    print(written.summary(args.dst))
     print(_missing_line(src_url, before, None))
     return 0
 
