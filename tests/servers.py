@@ -69,8 +69,9 @@ def find_nginx() -> str:
 _LOG_FORMAT = "$status\\t$request_method\\t$uri\\t$http_range\\t$body_bytes_sent"
 
 
-def _nginx_conf(tmp: Path, root: Path, port: int, refuse: dict[str, int]) -> str:
-    locations = "".join(
+def _nginx_conf(tmp: Path, root: Path, port: int, refuse: dict[str, int],
+                extra: str = "") -> str:
+    locations = extra + "".join(
         f'        location ~ {json.dumps(pattern)} {{ return {int(status)}; }}\n'
         for pattern, status in refuse.items())
     temps = "".join(f"    {name}_temp_path {tmp / name};\n"
@@ -127,8 +128,10 @@ class NginxServer:
 
 
 @contextlib.contextmanager
-def nginx_server(root, *, refuse: dict[str, int] | None = None, attempts: int = 5):
-    """Serve directory `root` with nginx on a free loopback port; yields an `NginxServer`."""
+def nginx_server(root, *, refuse: dict[str, int] | None = None, locations: str = "",
+                 attempts: int = 5):
+    """Serve directory `root` with nginx on a free loopback port; yields an `NginxServer`.
+    `locations`: more `location` blocks for the server (e.g. headers added per path)."""
     exe = find_nginx()
     root = Path(root).resolve()
     tmp = Path(tempfile.mkdtemp(prefix="xp-nginx-"))
@@ -140,7 +143,7 @@ def nginx_server(root, *, refuse: dict[str, int] | None = None, attempts: int = 
         for _ in range(attempts):
             port = free_port()
             conf = tmp / "nginx.conf"
-            conf.write_text(_nginx_conf(tmp, root, port, dict(refuse or {})))
+            conf.write_text(_nginx_conf(tmp, root, port, dict(refuse or {}), locations))
             proc = subprocess.Popen([exe, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT)

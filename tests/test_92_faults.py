@@ -10,6 +10,7 @@ gives the right data, and a damaged shard is still detected through it.
 from __future__ import annotations
 
 import http.client
+import random
 import re
 import socket
 import struct
@@ -128,6 +129,9 @@ class FaultProxy:
     stall_seconds: float = 2.0
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Besides the rules: this share of requests fails with a transient fault drawn at random.
+    random_rate: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(16))
 
     def take(self, path: str) -> Rule | None:
         with self.lock:
@@ -136,6 +140,8 @@ class FaultProxy:
                     if r.times is not None:
                         r.times -= 1
                     return r
+            if self.random_rate and self.rng.random() < self.random_rate:
+                return Rule(self.rng.choice(TRANSIENT), times=None)
         return None
 
     def set(self, *rules: Rule) -> None:
@@ -351,3 +357,57 @@ def test_data_past_the_end_of_a_shard_is_detected_when_range_is_ignored(tree, pr
     proxy.set(Rule("strip_range", times=None))
     with pytest.raises(PrecomputedError, match="past the end"):
         _read(f"{proxy.url}/lying_shard")
+
+
+# ---------------------------------------------------------------------------------------------
+# Soak: many reads under a steady rate of random faults
+
+
+def test_soak_thousands_of_reads_at_five_percent_faults(tree, proxy):
+    """2000 random cutouts of four volumes, four at a time, through the proxy while 5 % of
+    requests fail at random (every transient kind; index fetches included: caches are emptied
+    every 250 reads): no voxel is wrong, and a read that fails raises an error of ours."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, local = tree
+    rng = np.random.default_rng(1605)
+    jobs = []
+    for i in range(2000):
+        name = NAMES[i % len(NAMES)]
+        shape = local[name].shape[:3]
+        lo = [int(rng.integers(0, n)) for n in shape]
+        jobs.append((name, tuple(slice(a, min(n, a + int(rng.integers(1, 17))))
+                                 for a, n in zip(lo, shape))))
+    failures: list[Exception] = []
+    foreign: list[BaseException] = []
+    wrong: list[str] = []
+
+    readers = {name: Volume.open(f"{proxy.url}/{name}").scale(0) for name in NAMES}
+
+    def one(job):
+        name, box = job
+        try:
+            got = readers[name].read(box)
+        except PrecomputedError as e:
+            failures.append(e)
+            return
+        except BaseException as e:  # noqa: BLE001 (recorded: the test fails on it)
+            foreign.append(e)
+            return
+        if not np.array_equal(got, local[name][box]):
+            wrong.append(f"{name} {box}")
+
+    proxy.random_rate = 0.05
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            for k in range(0, len(jobs), 250):
+                shard_reader.minishard_cache.clear()
+                shard_reader.shard_form_cache.clear()
+                list(pool.map(one, jobs[k:k + 250]))
+    finally:
+        proxy.random_rate = 0.0
+    assert not wrong, wrong[:5]
+    assert not foreign, foreign[:3]
+    injected = [e.action for e in proxy.log if e.action != "pass"]
+    assert len(injected) >= 100 and set(injected) == set(TRANSIENT), sorted(set(injected))
+    assert len(failures) <= 5, failures[:3]  # 4 retries: a failed read needs 5 faults in a row

@@ -20,6 +20,7 @@ from .errors import (
     ScaleNotFoundError,
     ShardFormatError,
     StorageError,
+    URLError,
     WriterError,
 )
 from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
@@ -43,7 +44,7 @@ __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
     "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
-    "StorageError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
+    "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed",
     "downsample", "sample_volume", "sample_data",
 ]

@@ -39,6 +39,11 @@ class StorageError(PrecomputedError, OSError):
         self.url = url
 
 
+class URLError(PrecomputedError, ValueError):
+    """A dataset URL is not one the package can open (unknown scheme, unsupported pipeline);
+    the message lists the forms it can."""
+
+
 class PermissionDeniedError(StorageError, PermissionError):
     """The store refused access (HTTP 401/403, EACCES); never read as missing data."""
 

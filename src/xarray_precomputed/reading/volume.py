@@ -120,6 +120,12 @@ class ScaleReader(ChunkedScaleReader):
         key = self._unsharded_key(cell)
         return f"grid cell {tuple(int(g) for g in cell)} ({self.store.describe(key)})"
 
+    def _describe_missing(self, cell) -> str:
+        key = self._unsharded_key(cell)
+        tried = self.store.missing_names(key)
+        also = f"; looked for {', '.join(tried)}" if len(tried) > 1 else ""
+        return f"grid cell {tuple(int(g) for g in cell)} ({self.store.describe(key)}{also})"
+
     def _unsharded_key(self, cell) -> str:
         s = self.scale_info
         name = chunk_key(cell, self.chunk_size, s.size, s.voxel_offset)
@@ -174,8 +180,10 @@ class ScaleReader(ChunkedScaleReader):
 
     def _fetch(self, group, members, cells: np.ndarray) -> list[Fetched]:
         if group is None:
-            blobs = self.store.read_many([self._unsharded_key(cells[i]) for i in members])
-            return [(i, blob, Lazy(self._describe_unsharded, cells[i]))
+            blobs = self.store.read_many([self._unsharded_key(cells[i]) for i in members],
+                                         limit=self._max_stored_bytes())
+            return [(i, blob, Lazy(self._describe_unsharded if blob is not None
+                                   else self._describe_missing, cells[i]))
                     for i, blob in zip(members, blobs)]
         shard, ids, minis, whole = group
         reader = self._shards
@@ -202,9 +210,10 @@ class ScaleReader(ChunkedScaleReader):
         i = members[0]
         name = Lazy(self._describe_unsharded, cells[i])
         placed = self.store.read_with(self._unsharded_key(cells[i]),
-                                      lambda blob: finish([(i, blob, name)]) or True)
+                                      lambda blob: finish([(i, blob, name)]) or True,
+                                      limit=self._max_stored_bytes())
         if placed is None:
-            finish([(i, None, name)])
+            finish([(i, None, Lazy(self._describe_missing, cells[i]))])
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,
@@ -232,8 +241,10 @@ def _no_info(url: str, store, storage_options) -> StorageError:
                     return StorageError(
                         f"this is the directory of scale {s.key!r} (index {s.index}) of the "
                         f"volume at {parent!r}; pass {parent!r} and scale={s.key!r}", url=url)
+    tried = store.missing_names("info")
+    looked = f"; looked for {', '.join(tried)}" if len(tried) > 1 else ""
     return StorageError("no 'info' file: not a precomputed volume (pass the directory that holds "
-                        "the info file)", url=where)
+                        f"the info file{looked})", url=where)
 
 
 def open_volume(url: str, **kwargs) -> Volume:

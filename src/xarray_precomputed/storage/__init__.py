@@ -19,12 +19,12 @@ from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
 from .local import LOCAL_COALESCE_GAP, TEMP_MARKER, LocalStore
 from .memory import MemoryStore
 from .retry import RETRIES, is_transient
-from .urls import is_local, local_path, strip_scheme_prefix
+from .urls import SCHEMES, check_scheme, is_local, local_path, strip_scheme_prefix
 
 __all__ = [
     "FsspecStore", "LOCAL_COALESCE_GAP", "LocalStore", "MemoryStore", "REMOTE_COALESCE_GAP",
-    "RETRIES", "Store", "TEMP_MARKER", "coalesce",
-    "is_local", "is_transient", "local_path", "open_store", "local", "request_counts", "retry",
+    "RETRIES", "SCHEMES", "Store", "TEMP_MARKER", "check_scheme", "coalesce", "is_local",
+    "is_transient", "local", "local_path", "open_store", "request_counts", "retry",
     "split_merged", "store_options_key", "strip_scheme_prefix",
 ]
 
@@ -66,6 +66,7 @@ def open_store(url: str, storage_options: dict | None = None) -> Store:
 
                 store = HttpStore(url, storage_options)
             else:
+                check_scheme(url)
                 store = FsspecStore(url, storage_options)
             entry = _stores[key] = (os.getpid(), store)
         return entry[1]

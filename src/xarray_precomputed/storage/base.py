@@ -51,23 +51,30 @@ class Store(ABC):
 
     # -- reading
     @abstractmethod
-    def read(self, key: str) -> bytes | None:
-        """The whole value of `key`, or None if it does not exist."""
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
+        """The whole value of `key`, or None if it does not exist. A value stored compressed
+        (a compression suffix, a Content-Encoding) is decoded to at most `limit` bytes
+        (encodings.DEFAULT_LIMIT when None); more raises CorruptChunkError."""
 
     @abstractmethod
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         """The bytes `[start, end)` of `key` for each range (shorter where the key ends early),
         or None if the key does not exist."""
 
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+    def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         """`read` of each key; a remote store sends the requests concurrently."""
-        return [self.read(k) for k in keys]
+        return [self.read(k, limit=limit) for k in keys]
 
-    def read_with(self, key: str, consume: Callable[[Any], Any]) -> Any:
+    def read_with(self, key: str, consume: Callable[[Any], Any], *,
+                  limit: int | None = None) -> Any:
         """`consume(value of key)`'s result, or None if the key does not exist. The buffer passed
         to `consume` is valid only during the call (a store may reuse it afterwards)."""
-        data = self.read(key)
+        data = self.read(key, limit=limit)
         return None if data is None else consume(data)
+
+    def missing_names(self, key: str) -> list[str]:
+        """The names looked for when `key` reads as absent (for messages)."""
+        return [key]
 
     # -- what is there
     @abstractmethod

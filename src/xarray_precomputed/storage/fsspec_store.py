@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from ..errors import DependencyError, PermissionDeniedError, StorageError
 from .base import Store, coalesce, request_counts, split_merged
+from .encodings import accepted_encodings, decode_content
 from .retry import retry_each, status_of, with_retries
 
 # Ranges closer than this are fetched as one request and split afterwards.
@@ -20,8 +21,18 @@ class FsspecStore(Store):
         import fsspec
 
         self.url = url
+        scheme = urlparse(url).scheme.lower()
+        options = dict(storage_options or {})
+        if scheme in ("http", "https"):
+            # Bodies arrive as stored: a Content-Encoding is undone here, within a bound, rather
+            # than by aiohttp without one (and only for the encodings it happens to support).
+            client = dict(options.get("client_kwargs") or {})
+            client.setdefault("auto_decompress", False)
+            options["client_kwargs"] = client
+        if scheme == "s3" and not _has_s3_credentials(options):
+            options["anon"] = True  # a public bucket, read as a browser would
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
         except ImportError as e:
             scheme = urlparse(url).scheme
             extra = {"gs": "gcs", "gcs": "gcs", "s3": "s3"}.get(scheme, "all")
@@ -29,6 +40,12 @@ class FsspecStore(Store):
                 f"reading {scheme}:// URLs needs an extra package ({e}); "
                 f"install it with: pip install 'xarray-precomputed[{extra}]'") from None
         self.root = self.root.rstrip("/")
+        protocol = self.fs.protocol
+        protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+        # Whole-object reads that see the response's Content-Encoding: HTTP(S) and S3 (other
+        # file systems return what their client gives).
+        self._getter = {"http": self._http_get, "https": self._http_get,
+                        "s3": self._s3_get, "s3a": self._s3_get}.get(protocol)
         # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
         # A later answer of exactly that size to a range that starts past byte 0 is the whole
         # object again (a real partial answer is shorter) and is sliced too. Bounded.
@@ -43,18 +60,12 @@ class FsspecStore(Store):
             return PermissionDeniedError(f"access refused ({status or e})", url=self.describe(key))
         return StorageError(f"{type(e).__name__}: {e}", url=self.describe(key))
 
-    def read(self, key: str) -> bytes | None:
-        request_counts["read"] += 1
-        try:
-            return with_retries(self.fs.cat_file, self._path(key))
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # every other failure is reported, never filled
-            raise self._fail(key, e) from e
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
+        return self.read_many([key], limit=limit)[0]
 
     batches_reads = True
 
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+    def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         # One call into fsspec's event loop, whose requests run concurrently: a chunk at a time
         # per worker thread kept only a few requests in flight (cost of latency, not bandwidth).
         request_counts["read"] += len(keys)
@@ -70,12 +81,14 @@ class FsspecStore(Store):
                 out.append(None)
             elif isinstance(v, BaseException):
                 raise self._fail(key, v) from v
+            elif isinstance(v, tuple):  # (body, Content-Encoding)
+                out.append(decode_content(v[0], v[1], limit=limit, where=self.describe(key)))
             else:
                 out.append(v)
         return out
 
     def _cat_files(self, paths: list[str]) -> list:
-        """Each path's bytes or the exception reading it raised, in order."""
+        """Each path's bytes (or (bytes, Content-Encoding)) or the exception reading it raised."""
         if not getattr(self.fs, "async_impl", False):
             out = []
             for p in paths:
@@ -86,11 +99,36 @@ class FsspecStore(Store):
             return out
         from fsspec.asyn import sync
 
+        get = self._getter or self.fs._cat_file
+
         async def gather():
-            return await asyncio.gather(*(self.fs._cat_file(p) for p in paths),
-                                        return_exceptions=True)
+            return await asyncio.gather(*(get(p) for p in paths), return_exceptions=True)
 
         return sync(self.fs.loop, gather)
+
+    async def _http_get(self, path: str) -> tuple[bytes, str]:
+        session = await self.fs.set_session()
+        kw = dict(self.fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        headers["Accept-Encoding"] = accepted_encodings()
+        url = self.fs.encode_url(path) if hasattr(self.fs, "encode_url") else path
+        async with session.get(url, headers=headers, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(path)
+            r.raise_for_status()
+            body = await r.read()
+            return body, r.headers.get("Content-Encoding", "")
+
+    async def _s3_get(self, path: str) -> tuple[bytes, str]:
+        bucket, key, version = self.fs.split_path(path)
+        extra = {"VersionId": version} if version else {}
+        resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
+        body = resp["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return data, resp.get("ContentEncoding") or ""
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
@@ -175,3 +213,18 @@ class FsspecStore(Store):
             pass
         except Exception as e:
             raise self._fail(key, e) from e
+
+
+_S3_CREDENTIAL_OPTIONS = ("anon", "key", "secret", "token", "profile", "session")
+
+
+def _has_s3_credentials(options: dict) -> bool:
+    """Whether an S3 read can be signed: credentials in the options or found by botocore's
+    chain (environment, shared files, instance metadata). Without any, reads go unsigned."""
+    if any(k in options for k in _S3_CREDENTIAL_OPTIONS):
+        return True
+    try:
+        import botocore.session
+    except ImportError:
+        return True  # s3fs is missing too: let it say so
+    return botocore.session.get_session().get_credentials() is not None

@@ -15,12 +15,12 @@ import asyncio
 import atexit
 import os
 import threading
-import zlib
 from typing import Any, Sequence
 
-from ..errors import PermissionDeniedError, StorageError
+from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
 from .base import Store, coalesce, request_counts, split_merged
+from .encodings import accepted_encodings, decode_content
 from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
 
 # Connections per store: requests beyond these wait for one (the reader keeps up to a few
@@ -84,24 +84,6 @@ def _close_sessions() -> None:
         pass
 
 
-def _decode_content(body: bytes, encoding: str, limit: int, where: str) -> bytes:
-    """A body sent with a Content-Encoding, decoded and bounded."""
-    enc = encoding.strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc in ("gzip", "x-gzip", "deflate"):
-        d = zlib.decompressobj(wbits=47 if enc != "deflate" else 15)
-        try:
-            out = d.decompress(body, limit + 1)
-        except zlib.error as e:
-            raise StorageError(f"Content-Encoding {enc}: corrupt body ({e})", url=where) from None
-        if len(out) > limit or not d.eof:
-            raise StorageError(f"Content-Encoding {enc}: body decodes past {limit} bytes or is "
-                               f"truncated", url=where)
-        return out
-    raise StorageError(f"Content-Encoding {enc!r} is not supported", url=where)
-
-
 class HttpStore(Store):
     batches_reads = True
     # A Content-Encoding'd body may decode to at most this many bytes.
@@ -120,8 +102,8 @@ class HttpStore(Store):
     def _href(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
 
-    def _fail(self, key: str, e: BaseException) -> StorageError:
-        if isinstance(e, StorageError):
+    def _fail(self, key: str, e: BaseException) -> PrecomputedError:
+        if isinstance(e, PrecomputedError):  # already ours (a bad Content-Encoding'd body, ...)
             return e
         status = getattr(e, "status", None)
         if status in (401, 403):
@@ -156,11 +138,14 @@ class HttpStore(Store):
                 delay *= 2
         raise AssertionError("unreachable")
 
-    async def _get(self, key: str, start: int | None = None, end: int | None = None):
+    async def _get(self, key: str, start: int | None = None, end: int | None = None,
+                   limit: int | None = None):
         """The value of `key` (or its bytes [start, end)); None when the server has no such key
         (404: other 4xx are errors); b"" for a range that starts at or past the end (416)."""
         session = await self._get_session()
         headers = dict(self._headers)
+        if start is None:  # whole values may come encoded in whatever we can undo
+            headers.setdefault("Accept-Encoding", accepted_encodings())
         if start is not None:
             if end is not None and end <= start:
                 return b""
@@ -175,7 +160,8 @@ class HttpStore(Store):
             body = await r.read()
             enc = r.headers.get("Content-Encoding")
         if enc:
-            body = _decode_content(body, enc, self.max_decoded_bytes, self.describe(key))
+            body = decode_content(body, enc, limit=limit or self.max_decoded_bytes,
+                                  where=self.describe(key))
         if start is not None and r.status == 200:  # the server ignored Range: the whole object
             body = body[start:end]
         elif end is not None and start is not None and len(body) > end - start:
@@ -193,18 +179,18 @@ class HttpStore(Store):
         return retry.with_retries(lambda: self._run(self._gather(calls)))
 
     # -- reading
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
         request_counts["read"] += 1
         try:
-            return self._run(self._retrying(self._get, key))
+            return self._run(self._retrying(self._get, key, None, None, limit))
         except Exception as e:  # every failure is reported, never filled
             raise self._fail(key, e) from e
 
-    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+    def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         # One call into the loop; each request is retried on its own there.
         request_counts["read"] += len(keys)
         try:
-            got = self._run_batch([(k,) for k in keys])
+            got = self._run_batch([(k, None, None, limit) for k in keys])
         except Exception as e:
             raise self._fail(keys[0], e) from e
         for key, v in zip(keys, got):

@@ -10,7 +10,9 @@ import threading
 from typing import Sequence
 
 from ..errors import PermissionDeniedError, StorageError
+from ..util import LRUCache
 from .base import Store, coalesce, request_counts, split_merged
+from .encodings import SUFFIXES, decode
 
 # Ranges closer than this are fetched as one read and split afterwards.
 LOCAL_COALESCE_GAP = 1 << 16
@@ -22,11 +24,22 @@ _scratch = threading.local()
 # Name part of the temporary files LocalStore.write renames into place.
 TEMP_MARKER = ".xp-tmp-"
 
+# Whole compressed files (shards, indices) decoded for byte-range reads, per process.
+decoded_cache = LRUCache(256 << 20)
+
 
 class LocalStore(Store):
+    """Files under a folder. A key that is absent may be stored compressed beside it, as
+    CloudFiles writes a value uploaded with compression: `<key>.gz` (or `.br`, `.zstd`, `.xz`,
+    `.bz2`); such a value is decoded whole, within a bound. Which form a folder holds is learned
+    from the first file found there, so a folder of plain files pays no extra system call per
+    key, present or absent (a folder holds one form, as CloudFiles writes a scale)."""
+
     def __init__(self, root: str):
         self.root = root
         self.url = root
+        # folder -> suffix of its files ("" for plain), learned from the first file found there.
+        self._forms: dict[str, str] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key) if key else self.root
@@ -35,30 +48,92 @@ class LocalStore(Store):
         cls = PermissionDeniedError if e.errno in (errno.EACCES, errno.EPERM) else StorageError
         return cls(f"{e.strerror or e}", url=self.describe(key))
 
-    def read(self, key: str) -> bytes | None:
-        request_counts["read"] += 1
+    # -- finding a key's file
+    def _open(self, key: str) -> tuple[int, int] | None:
+        """(read-only descriptor, size) of the file `key`, or None if there is none."""
         try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except IsADirectoryError:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
             raise self._fail(key, e) from e
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            os.close(fd)
+            raise self._fail(key, e) from e
+        if stat.S_ISDIR(st.st_mode):
+            os.close(fd)
+            return None
+        return fd, st.st_size
 
-    def read_with(self, key: str, consume):
+    def _learn(self, folder: str, suffix: str) -> None:
+        if len(self._forms) >= 4096:
+            self._forms.clear()
+        self._forms[folder] = suffix
+
+    def _locate(self, key: str) -> tuple[int, int, str] | None:
+        """(descriptor, size, suffix) of the file holding `key`: the key itself, or the key with
+        a CloudFiles compression suffix; None when neither exists."""
+        folder = key.rpartition("/")[0]
+        form = self._forms.get(folder)
+        if not form:
+            got = self._open(key)
+            if got is not None:
+                if form is None:
+                    self._learn(folder, "")
+                return (*got, "")
+            if form == "":
+                return None
+        for suffix in sorted(SUFFIXES, key=lambda s: s != form):
+            got = self._open(key + suffix)
+            if got is not None:
+                if form is None:
+                    self._learn(folder, suffix)
+                return (*got, suffix)
+        if form:  # a folder of compressed files may hold plain ones too
+            got = self._open(key)
+            if got is not None:
+                return (*got, "")
+        return None
+
+    def missing_names(self, key: str) -> list[str]:
+        if self._forms.get(key.rpartition("/")[0]) == "":
+            return [key]
+        return [key] + [key + s for s in SUFFIXES]
+
+    def _decoded(self, key: str, fd: int, size: int, suffix: str, limit: int | None) -> bytes:
+        return decode(self._pread(fd, 0, size), SUFFIXES[suffix], limit=limit,
+                      where=self.describe(key + suffix))
+
+    # -- reading
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
+        request_counts["read"] += 1
+        found = self._locate(key)
+        if found is None:
+            return None
+        fd, size, suffix = found
+        try:
+            if suffix:
+                return self._decoded(key, fd, size, suffix, limit)
+            return self._pread(fd, 0, size)
+        except OSError as e:
+            raise self._fail(key, e) from e
+        finally:
+            os.close(fd)
+
+    def read_with(self, key: str, consume, *, limit: int | None = None):
         # Whole chunks are read into a per-thread buffer that is reused: a fresh buffer per chunk
         # costs a page fault per 4 KiB, as much CPU as copying the bytes (measured on raw chunks).
         request_counts["read"] += 1
-        fd = self._open(key)
-        if fd is None:
+        found = self._locate(key)
+        if found is None:
             return None
+        fd, size, suffix = found
         try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                return None
-            size = st.st_size
+            if suffix:
+                decoded = self._decoded(key, fd, size, suffix, limit)
+                return consume(decoded)
             if size > SCRATCH_MAX_BYTES:
                 whole = self._pread(fd, 0, size)
                 return consume(whole)
@@ -79,29 +154,36 @@ class LocalStore(Store):
         with view[:got] as data:
             return consume(data)
 
-    def _open(self, key: str) -> int | None:
-        """A read-only descriptor for `key`, or None if it does not exist."""
-        try:
-            return os.open(self._path(key), os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-        except OSError as e:
-            raise self._fail(key, e) from e
-
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
-        fd = self._open(key)
-        if fd is None:
+        found = self._locate(key)
+        if found is None:
             return None
+        fd, size, suffix = found
         try:
-            size = os.fstat(fd).st_size  # a range past the end must not allocate its length
+            if suffix:
+                # A compressed file has no byte ranges of its own: it is decoded whole (once
+                # while it is cached) and the ranges are cut from that.
+                request_counts["range"] += 1
+                whole = self._whole_decoded(key, fd, size, suffix)
+                return [whole[max(0, s):max(0, e)] for s, e in ranges]
             merged, owner = coalesce(ranges, LOCAL_COALESCE_GAP)
             request_counts["range"] += len(merged)
+            # a range past the end must not allocate its length
             blobs = [self._pread(fd, s, min(e, size)) for s, e in merged]
         except OSError as e:
             raise self._fail(key, e) from e
         finally:
             os.close(fd)
         return split_merged(ranges, merged, owner, blobs)
+
+    def _whole_decoded(self, key: str, fd: int, size: int, suffix: str) -> bytes:
+        st = os.fstat(fd)
+        ck = (self._path(key + suffix), st.st_size, st.st_mtime_ns)
+        hit = decoded_cache.get(ck)
+        if hit is None:
+            hit = self._decoded(key, fd, size, suffix, None)
+            decoded_cache.put(ck, hit, len(hit) + 64)
+        return hit
 
     @staticmethod
     def _pread(fd: int, start: int, end: int) -> bytes:

@@ -16,7 +16,7 @@ class MemoryStore(Store):
         self._data: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
         request_counts["read"] += 1
         return self._data.get(key)
 

@@ -1,0 +1,108 @@
+"""The URL forms users paste (Neuroglancer's `precomputed://` and pipeline forms, public GCS over
+HTTPS, anonymous S3) -> the store they open; unknown schemes and missing cloud packages raise
+the package's errors. Offline: parsing checked directly, reads over local nginx and moto."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import oracle
+import servers
+from xarray_precomputed import Volume
+from xarray_precomputed.errors import (DependencyError, PermissionDeniedError, PrecomputedError,
+                                       URLError)
+from xarray_precomputed.storage import LocalStore, open_store, strip_scheme_prefix
+from xarray_precomputed.storage.http_store import HttpStore
+
+
+@pytest.mark.parametrize("pasted,url", [
+    ("precomputed://gs://bucket/em", "gs://bucket/em"),
+    ("gs://bucket/em|neuroglancer-precomputed:", "gs://bucket/em"),
+    ("gs://bucket/em/|neuroglancer-precomputed:", "gs://bucket/em"),
+    ("precomputed://gs://bucket/em/|neuroglancer-precomputed:", "gs://bucket/em"),
+    ("gs://bucket/|neuroglancer-precomputed:em/seg", "gs://bucket/em/seg"),
+    ("s3://bucket/a/b/", "s3://bucket/a/b"),
+    ("https://storage.googleapis.com/bucket/em", "https://storage.googleapis.com/bucket/em"),
+    ("precomputed://https://storage.googleapis.com/bucket/em/", "https://storage.googleapis.com/bucket/em"),
+    ("/data/vol/", "/data/vol"),
+    ("file:///data/vol|neuroglancer-precomputed:", "file:///data/vol"),
+])
+def test_pasted_forms_name_the_storage_url(pasted, url):
+    assert strip_scheme_prefix(pasted) == url
+
+
+def test_other_pipelines_are_refused_by_name():
+    with pytest.raises(URLError, match=r"zip:"):
+        strip_scheme_prefix("gs://bucket/v.zip|zip:|neuroglancer-precomputed:")
+    with pytest.raises(URLError, match=r"n5:"):
+        Volume.open("gs://bucket/v|n5:")
+
+
+def test_unknown_scheme_is_our_error_listing_the_supported_ones():
+    for open_ in (lambda: open_store("gss://bucket/em"), lambda: Volume.open("gss://bucket/em"),
+                  lambda: xr.open_dataset("precomputed://gss://bucket/em", engine="precomputed")):
+        with pytest.raises(URLError) as e:
+            open_()
+        msg = str(e.value)
+        assert isinstance(e.value, PrecomputedError) and "\n" not in msg
+        assert "gss://" in msg
+        for scheme in ("file://", "http://", "https://", "gs://", "s3://", "precomputed://",
+                       "|neuroglancer-precomputed:"):
+            assert scheme in msg, (scheme, msg)
+
+
+@pytest.mark.parametrize("url,module,extra", [("gs://bucket/em", "gcsfs", "gcs"),
+                                              ("s3://bucket/em", "s3fs", "s3")])
+def test_missing_cloud_package_is_a_dependency_error_with_the_install_command(
+        url, module, extra, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(DependencyError, match=rf"pip install 'xarray-precomputed\[{extra}\]'"):
+        open_store(url, {"anon": True})
+
+
+def test_public_gcs_https_url_is_an_http_store():
+    store = open_store("precomputed://https://storage.googleapis.com/bucket/em/")
+    assert isinstance(store, HttpStore)
+    assert store.describe("info") == "https://storage.googleapis.com/bucket/em/info"
+    assert isinstance(open_store("file:///tmp/x|neuroglancer-precomputed:"), LocalStore)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("forms")
+    data = oracle.make_data((37, 20, 9, 2), np.uint16, seed=11)
+    oracle.write_volume(root / "vol", data, chunk_size=(8, 8, 4), voxel_offset=(-3, 5, 2))
+    return root, data
+
+
+def test_http_forms_read_the_volume_over_nginx(served):
+    root, data = served
+    with servers.nginx_server(root) as srv:
+        base = srv.url
+        for url in (f"{base}/vol", f"precomputed://{base}/vol", f"{base}/vol|neuroglancer-precomputed:",
+                    f"{base}/vol/|neuroglancer-precomputed:", f"{base}/|neuroglancer-precomputed:vol",
+                    f"precomputed://{base}/vol/|neuroglancer-precomputed:"):
+            np.testing.assert_array_equal(Volume.open(url).scale(0).read(), data)
+        ds = xr.open_dataset(f"{base}/vol/|neuroglancer-precomputed:", engine="precomputed")
+        np.testing.assert_array_equal(ds["image"].values, data)
+
+
+def test_s3_without_credentials_reads_a_public_bucket_anonymously(served, tmp_path, monkeypatch):
+    root, data = served
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with servers.moto_server() as s3:
+        s3.upload_tree(root, "xp-nocred-public", "t", public=True)
+        s3.upload_tree(root, "xp-nocred-private", "t", public=False)
+        opts = {"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": servers.S3_REGION}}
+        got = Volume.open("s3://xp-nocred-public/t/vol/", storage_options=opts).scale(0).read()
+        np.testing.assert_array_equal(got, data)
+        with pytest.raises(PermissionDeniedError):
+            Volume.open("s3://xp-nocred-private/t/vol", storage_options=opts)
