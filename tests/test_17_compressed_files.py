@@ -12,11 +12,11 @@ import os
 import shutil
 
 import numpy as np
+import oracle
 import pytest
 from cloudvolume import CloudVolume
-
-import oracle
 from dvid_helpers import SHARD, copy_export, dvid_data, reader, real_cells, real_table  # noqa: F401
+
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import CorruptChunkError, MissingChunkError
 from xarray_precomputed.storage import LocalStore

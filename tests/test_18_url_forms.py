@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import oracle
 import pytest
+import servers
 import xarray as xr
 
-import oracle
-import servers
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import (DependencyError, PermissionDeniedError, PrecomputedError,
                                        URLError)

@@ -9,9 +9,8 @@ import signal
 import time
 
 import numpy as np
-import xarray as xr
-
 import oracle
+import xarray as xr
 from httpserver import serve
 
 

@@ -10,11 +10,11 @@ import shutil
 
 import brotli
 import numpy as np
+import oracle
 import pytest
+import servers
 import zstandard
 
-import oracle
-import servers
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import CorruptChunkError
 
