@@ -13,8 +13,7 @@ import servers
 import xarray as xr
 
 from xarray_precomputed import Volume
-from xarray_precomputed.errors import (DependencyError, PermissionDeniedError, PrecomputedError,
-                                       URLError)
+from xarray_precomputed.errors import DependencyError, PermissionDeniedError, PrecomputedError, URLError
 from xarray_precomputed.storage import LocalStore, open_store, strip_scheme_prefix
 from xarray_precomputed.storage.http_store import HttpStore
 
