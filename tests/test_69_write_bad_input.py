@@ -13,7 +13,7 @@ from oracle import make_da, make_data
 from xarray_precomputed import ExportError, ShardingSpec, WriterError
 from xarray_precomputed.export.ome_zarr import plan_shard
 from xarray_precomputed.writing.downsample import downsample_array
-from xarray_precomputed.writing.precomputed import build_shard, choose_sharding
+from xarray_precomputed.writing.precomputed import build_shard, choose_sharding, encode_chunk
 
 DA = make_da(make_data((8, 6, 4, 1), "uint8", 1), name="image")
 SPEC = ShardingSpec.from_json({"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0,
@@ -51,6 +51,20 @@ BUILD_SHARD = [
     (lambda: build_shard([1], [b"a"], SPEC, gzip_level=12), "gzip_level"),
     # chunk 0 lies in shard 0, chunk 1 in shard 1 (shard bits right after minishard bit 0)
     (lambda: build_shard([0, 2], [b"a", b"b"], SPEC), "shards"),
+]
+
+CHUNK = np.zeros((4, 4, 2, 1), np.uint32)
+ENCODE_CHUNK = [
+    (lambda: encode_chunk(CHUNK[..., 0], "raw"), "shape"),
+    (lambda: encode_chunk([[1]], "raw"), "shape"),
+    (lambda: encode_chunk(CHUNK, "webp"), "encoding"),
+    (lambda: encode_chunk(CHUNK.astype(np.float32), "compressed_segmentation"), "float32"),
+    (lambda: encode_chunk(CHUNK.astype(np.uint8).repeat(2, axis=3), "jpeg"), "2 channel"),
+    (lambda: encode_chunk(CHUNK.astype(np.float64), "png"), "float64"),
+    (lambda: encode_chunk(CHUNK, "compressed_segmentation", block_size=(0, 8, 8)), "block_size"),
+    (lambda: encode_chunk(CHUNK, "compressed_segmentation", block_size="x"), "block_size"),
+    (lambda: encode_chunk(CHUNK.astype(np.uint8), "jpeg", jpeg_quality=500), "jpeg_quality"),
+    (lambda: encode_chunk(CHUNK.astype(np.uint8), "png", png_level="a"), "png_level"),
 ]
 
 CHOOSE_SHARDING = [
@@ -129,9 +143,10 @@ PLAN_SHARD = [
 ]
 
 
-@pytest.mark.parametrize("call, match", DOWNSAMPLE + BUILD_SHARD + CHOOSE_SHARDING,
-                         ids=[f"{i}-{m}" for i, (_, m) in enumerate(DOWNSAMPLE + BUILD_SHARD
-                                                                   + CHOOSE_SHARDING)])
+HELPERS = DOWNSAMPLE + BUILD_SHARD + ENCODE_CHUNK + CHOOSE_SHARDING
+
+
+@pytest.mark.parametrize("call, match", HELPERS, ids=[f"{i}-{m}" for i, (_, m) in enumerate(HELPERS)])
 def test_writing_helpers_raise_writer_error(call, match):
     with pytest.raises(WriterError, match=match):
         call()
@@ -160,6 +175,8 @@ def test_plan_shard_raises_export_error(call, match):
 def test_good_input_next_to_the_bad_still_works(tmp_path):
     """The checks above reject only what is wrong: the same calls with sound values succeed."""
     assert len(build_shard([0, 1], [b"a", b"b"], SPEC)) > 0
+    assert encode_chunk(CHUNK, "raw") == CHUNK.tobytes(order="F")
+    assert len(encode_chunk(CHUNK, "compressed_segmentation", block_size=(2, 2, 2))) > 0
     assert xp.downsample(DA, (2, 2, 1), method="mean").shape == (4, 3, 4, 1)
     assert choose_sharding((10, 10, 10), (2, 2, 2), target_voxels=100) is not None
     info = _w(tmp_path, chunk_size=(4, 4, 4), jpeg_quality=90, png_level=9, gzip_level=0,

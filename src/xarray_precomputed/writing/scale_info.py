@@ -12,13 +12,11 @@ import json
 import math
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..codecs import CODECS, get_codec
 from ..errors import PrecomputedError, WriterError
 from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from .geometry import InputScale
-from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS
+from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS, int_option, triple
 
 __all__ = ["choose_sharding", "scale_json", "merge_info", "DEFAULT_CHUNK_SIZE"]
 
@@ -37,27 +35,6 @@ def _key_hint(sc: InputScale) -> str | None:
             [float(v) for v in res] != list(sc.resolution):
         return None
     return key
-
-
-def triple(v, name, lo: int = 1) -> tuple[int, int, int]:
-    try:
-        t = tuple(int(a) for a in v)
-        ok = not isinstance(v, (str, bytes)) and len(t) == 3 and min(t) >= lo and \
-            all(float(a) == b for a, b in zip(v, t))
-    except (TypeError, ValueError, OverflowError):
-        ok = False
-    if not ok:
-        what = "positive" if lo >= 1 else "non-negative"
-        raise WriterError(f"{name} must be 3 {what} integers, got {v!r}")
-    return t  # type: ignore[return-value]
-
-
-def int_option(name: str, v, lo: int, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or \
-            (hi is not None and v > hi):
-        want = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
-        raise WriterError(f"{name} must be an integer {want}, got {v!r}")
-    return int(v)
 
 
 def _attr_json(v):

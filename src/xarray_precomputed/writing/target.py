@@ -24,13 +24,42 @@ WRITABLE_ENCODINGS = tuple(writable_encodings())
 DEFAULT_BLOCK_SIZE = (8, 8, 8)
 
 
+def triple(v, name, lo: int = 1) -> tuple[int, int, int]:
+    try:
+        t = tuple(int(a) for a in v)
+        ok = not isinstance(v, (str, bytes)) and len(t) == 3 and min(t) >= lo and \
+            all(float(a) == b for a, b in zip(v, t))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        what = "positive" if lo >= 1 else "non-negative"
+        raise WriterError(f"{name} must be 3 {what} integers, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def int_option(name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or \
+            (hi is not None and v > hi):
+        want = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise WriterError(f"{name} must be an integer {want}, got {v!r}")
+    return int(v)
+
+
 def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
                  jpeg_quality: int = 75, png_level: int = 6) -> bytes:
     """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes."""
     if encoding not in WRITABLE_ENCODINGS:
         raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
-    return get_codec(encoding).encode(np.asarray(chunk), block_size=block_size,
-                                      jpeg_quality=jpeg_quality, png_level=png_level)
+    chunk = np.asarray(chunk)
+    if chunk.ndim != 4 or 0 in chunk.shape:
+        raise WriterError(f"a chunk is a non-empty (x, y, z, channel) array, got shape {chunk.shape}")
+    codec = get_codec(encoding)
+    if not codec.fits(chunk.dtype.name, chunk.shape[3]):
+        raise WriterError(f"encoding {encoding!r} does not store {chunk.shape[3]} channel(s) of "
+                          f"{chunk.dtype}")
+    return codec.encode(chunk, block_size=triple(block_size, "block_size"),
+                        jpeg_quality=int_option("jpeg_quality", jpeg_quality, 1, 100),
+                        png_level=int_option("png_level", png_level, 0, 9))
 
 
 @dataclass(frozen=True)
@@ -74,8 +103,10 @@ class Target:
     def encode(self, arr: np.ndarray) -> bytes | None:
         if not self.write_empty_chunks and not arr.any():
             return None
-        return encode_chunk(arr, self.encoding, block_size=self.block_size,
-                            jpeg_quality=self.jpeg_quality, png_level=self.png_level)
+        # the options were checked by to_precomputed: straight to the codec
+        return get_codec(self.encoding).encode(arr, block_size=self.block_size,
+                                               jpeg_quality=self.jpeg_quality,
+                                               png_level=self.png_level)
 
     def shard_name(self, shard: int) -> str:
         return shard_filename(shard, self.spec)
