@@ -98,12 +98,14 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     if isinstance(scales, (int, np.integer, str)):
         scales = [scales]
     if scales is not None:
+        wanted: list[Any]
         try:
-            scales = list(scales)
+            wanted = list(scales)
         except TypeError:
-            scales = [None]
-        if any(isinstance(w, bool) or not isinstance(w, (int, np.integer, str)) for w in scales):
+            wanted = [scales]
+        if any(isinstance(w, bool) or not isinstance(w, (int, np.integer, str)) for w in wanted):
             raise ExportError(f"scales must be scale indices or keys, got {scales!r}")
+        scales = wanted
     max_shard_bytes = int_option("max_shard_bytes", max_shard_bytes, 1)
     if level is not None:
         level = int_option("level", level, -131072)
@@ -157,7 +159,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     show = sys.stderr.isatty() if progress is None else bool(progress)
     bar = Progress(len(pending)) if show and pending else None
     prefix = f"xp-shard-{uuid.uuid4().hex}"
-    dask_sources = {s.name: _dask_blocks(s) for s, _ in states if s.var.chunks is not None}
+    dask_sources = {s.name: _dask_blocks(s) for s, _ in states
+                    if s.var is not None and s.var.chunks is not None}
     try:
         for start in range(0, len(pending), _BATCH):
             batch = pending[start:start + _BATCH]
@@ -236,5 +239,6 @@ def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> t
 
 def _dask_blocks(s: ScalePlan):
     """Delayed XYZC blocks of a dask-backed source, one per shard."""
+    assert s.var is not None  # the planning copy, not a task's
     data = s.var.data if s.var.ndim == 4 else s.var.data[..., None]
     return data.rechunk(tuple(s.shard_xyz) + (s.nc,)).to_delayed()

@@ -51,8 +51,10 @@ def plan_shard(chunk: Sequence[int], grid: Sequence[int], box: Sequence[int] | N
     the grid, halved along its longest axis — to an aligned power-of-two sub-box — while its
     uncompressed size exceeds `max_shard_bytes`."""
     for what, v in (("chunk", chunk), ("grid", grid), ("box", box)):
-        if v is None and what == "box":
-            continue
+        if v is None:
+            if what == "box":
+                continue
+            raise ExportError(f"plan_shard: {what} is missing")
         try:
             ok = len(v) == 3 and all(isinstance(a, (int, np.integer)) and a >= 1 for a in v)
         except TypeError:
@@ -166,8 +168,8 @@ def _plan_scale(sc: InputScale, name: str, *, shard_shape: Sequence[int] | None,
         "translation_nm": list(sc.translation),
     }
     return ScalePlan(name=name, var=sc.var, nc=nc, has_c=nc > 1, shape_xyz=shape_xyz, dtype=dtype,
-                  chunk_xyz=chunk, shard_xyz=shard, resolution=sc.resolution,
-                  translation=sc.translation, source=source)
+                     chunk_xyz=chunk, shard_xyz=shard,  # type: ignore[arg-type]
+                     resolution=sc.resolution, translation=sc.translation, source=source)
 
 
 def scale_matches(which: int | str, name: str, ds: xr.Dataset, var_name: str | None) -> bool:

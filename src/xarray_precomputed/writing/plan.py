@@ -60,12 +60,12 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
                                           max_workers))
         return stats
 
-    spec = tgt.spec
-    box = shard_box(spec, grid)
-    jobs: list[tuple[int, np.ndarray, tuple | None]] = []  # (shard, cells, (lo, hi) if a box)
-    if box is not None:
+    spec = tgt.sharded
+    shards_box = shard_box(spec, grid)
+    jobs: list[tuple[int, np.ndarray | None, tuple | None]] = []  # (shard, cells, (lo, hi) if a box)
+    if shards_box is not None:
         within = spec.preshift_bits + spec.minishard_bits
-        for lo, hi in box_groups(grid, box):
+        for lo, hi in box_groups(grid, shards_box):
             first = compressed_morton(np.array([lo]), grid)[0]
             shard = int(first >> np.uint64(within)) if within < 64 else 0
             jobs.append((shard, None, (lo, hi)))  # cells computed lazily
@@ -79,9 +79,8 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
             jobs.append((int(shards[grp[0]]), cells[grp], None))
 
     todo = []
-    for shard, cells, bx in jobs:
-        if cells is None:
-            cells = cells_in(*bx)
+    for shard, job_cells, bx in jobs:
+        cells = cells_in(*bx) if job_cells is None else job_cells  # type: ignore[misc]
         name = tgt.shard_name(shard)
         if resume and name in listing and valid_shard(
                 tgt, name, listing[name], compressed_morton(cells, grid)):

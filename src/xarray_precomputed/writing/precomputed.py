@@ -113,10 +113,11 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         max_workers = int_option("max_workers", max_workers, 1)
     scales = _scales_of(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)
     first = scales[0]
-    for s in scales[1:]:
-        if s.dtype != first.dtype or s.num_channels != first.num_channels:
+    for other in scales[1:]:
+        if other.dtype != first.dtype or other.num_channels != first.num_channels:
             raise WriterError(f"every scale needs one data type and channel count; got "
-                              f"{first.dtype}x{first.num_channels} and {s.dtype}x{s.num_channels}")
+                              f"{first.dtype}x{first.num_channels} and "
+                              f"{other.dtype}x{other.num_channels}")
     dt = first.dtype.name
     vtype = volume_type or first.vtype or ("segmentation" if dt in ("uint32", "uint64") else "image")
     if vtype not in ("image", "segmentation"):

@@ -47,7 +47,7 @@ def valid_shard(tgt: Target, name: str, size: int, expected_ids: np.ndarray) -> 
     this write would put there (a subset when empty chunks are skipped)."""
     from ..format.sharding import decode_gzip, parse_minishard_index
 
-    spec = tgt.spec
+    spec = tgt.sharded
     index_end = shard_index_bytes(spec)
     if size < index_end:
         return False

@@ -82,6 +82,14 @@ class Target:
     write_empty_chunks: bool = True
 
     @property
+    def sharded(self) -> ShardingSpec:
+        """The sharding spec of a sharded scale (the callers know it is one)."""
+        spec = self.spec
+        if spec is None:
+            raise WriterError(f"scale {self.path!r} is not sharded")
+        return spec
+
+    @property
     def spec(self) -> ShardingSpec | None:
         return None if self.sharding is None else _spec_of(self.sharding)
 
@@ -109,7 +117,7 @@ class Target:
                                                png_level=self.png_level)
 
     def shard_name(self, shard: int) -> str:
-        return shard_filename(shard, self.spec)
+        return shard_filename(shard, self.sharded)
 
     def chunk_name(self, cell) -> str:
         return chunk_key(cell, self.chunk, self.size, self.voxel_offset)

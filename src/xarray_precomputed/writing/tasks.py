@@ -42,7 +42,7 @@ def write_shard(tgt: Target, shard: int, encoded: Iterable[tuple[tuple, bytes]])
         return 0
     cells = np.array([c for c, _ in encoded], dtype=np.int64)
     ids = compressed_morton(cells, tgt.grid)
-    data = build_shard(ids, [b for _, b in encoded], tgt.spec, gzip_level=tgt.gzip_level)
+    data = build_shard(ids, [b for _, b in encoded], tgt.sharded, gzip_level=tgt.gzip_level)
     tgt.store.write(tgt.key(tgt.shard_name(shard)), data)
     progress.wrote(tgt.url, 1, 1, len(data))
     return len(data)
@@ -148,7 +148,8 @@ def dask_sharded(sc, tgt, todo, per_voxel, block_bytes) -> int:
     tasks = []
     if box_jobs:
         lo0, hi0 = box_jobs[0][2]
-        box = shard_box(tgt.spec, grid)
+        box = shard_box(tgt.sharded, grid)
+        assert box is not None  # box jobs exist only where the shards are boxes
         sub = budget_box(tgt.chunk, grid, per_voxel, block_bytes,
                          limit=tuple(min(s, g) for s, g in zip(box, grid)))
         arr = rechunked(sc, tgt, sub)
