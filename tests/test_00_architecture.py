@@ -4,12 +4,14 @@
   nor the writing, export, backend or CLI layers: below the xarray glue the package is a plain
   numpy library;
 - no module imports another module's private name;
-- reading a volume with the numpy API loads none of those packages.
+- reading a volume with the numpy API loads none of those packages;
+- ruff (lint and import order) and mypy are clean on src/ (settings in pyproject.toml).
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +107,13 @@ def test_numpy_reader_loads_no_xarray(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+ROOT = PKG.parents[1]
+
+
+@pytest.mark.parametrize("tool", [["ruff", "check", "src"], ["mypy", "src"]], ids=["ruff", "mypy"])
+def test_src_is_lint_and_type_clean(tool):
+    exe = shutil.which(tool[0]) or str(Path(sys.executable).parent / tool[0])
+    out = subprocess.run([exe, *tool[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

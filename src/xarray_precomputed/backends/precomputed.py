@@ -72,7 +72,7 @@ def _normalize_empty_slices(key: indexing.ExplicitIndexer, shape) -> indexing.Ex
 
 
 def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
-    coords = {}
+    coords: dict[str, xr.Variable] = {}
     for axis, name in enumerate("xyz"):
         n, off, res = scale.size[axis], scale.voxel_offset[axis], scale.resolution[axis]
         # (voxel_offset + i + 0.5) * resolution, computed in place and handed to pandas as the
