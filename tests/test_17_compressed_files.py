@@ -174,3 +174,20 @@ def test_dvid_export_files_stored_compressed_read_the_same(tmp_path, dvid_data, 
         expected = reader().read(box)
         assert expected.any()
         np.testing.assert_array_equal(reader(root).read(box), expected)
+
+
+def test_missing_shard_names_every_name_tried(tmp_path):
+    labels = oracle.make_data((32, 16, 8, 1), np.uint64, seed=5, labels=True)
+    sharding = {"preshift_bits": 0, "hash": "identity", "minishard_bits": 0, "shard_bits": 2,
+                "minishard_index_encoding": "raw", "data_encoding": "raw"}
+    oracle.write_volume(tmp_path / "v", labels, chunk_size=(8, 8, 8), sharding=sharding)
+    shards = sorted((tmp_path / "v").rglob("*.shard"))
+    assert len(shards) > 1
+    name = shards[0].name
+    shards[0].unlink()
+    with pytest.raises(MissingChunkError) as e:
+        Volume.open(str(tmp_path / "v"), fill_missing=False).scale(0).read()
+    msg = str(e.value)
+    for tried in (name, name + ".gz", name + ".br", name + ".zstd", name + ".xz", name + ".bz2",
+                  name[:-len(".shard")] + ".index"):
+        assert tried in msg, (tried, msg)

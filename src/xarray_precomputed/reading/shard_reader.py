@@ -100,6 +100,14 @@ class ShardReader:
     def shard_name(self, shard: int) -> str:
         return self.store.describe(self._key(shard_filename(shard, self.spec)))
 
+    def absent_names(self, shard: int) -> list[str] | None:
+        """The names looked for, when the shard was found to have no file; else None."""
+        if shard_form_cache.get(self._cache_key("form", shard)) != _ABSENT:
+            return None
+        key = self._key(shard_filename(shard, self.spec))
+        return self.store.missing_names(key) + \
+            [self._key(shard_filename(shard, self.spec, "index"))]
+
     def _shard_index_entries(self, shard: int, minishards: list[int],
                              wheres: dict[int, str]) -> dict[int, tuple[int, int]] | None:
         # Small shard indices are fetched whole once (one request serves every minishard); large

@@ -199,7 +199,13 @@ class ScaleReader(ChunkedScaleReader):
         if data is None:
             data = reader.read_chunks(shard, ids[members], minis[members],
                                       lambda j: name(members[j]))
-        return [(int(m), blob, Lazy(name, m)) for m, blob in zip(members.tolist(), data)]
+        def missing(member):
+            tried = reader.absent_names(shard)
+            return name(member) + (f" (no shard file: looked for {', '.join(tried)})"
+                                   if tried else "")
+
+        return [(int(m), blob, Lazy(name if blob is not None else missing, m))
+                for m, blob in zip(members.tolist(), data)]
 
     def _fetch_decoding(self, group, members, cells, finish) -> None:
         if group is not None or len(members) != 1:
