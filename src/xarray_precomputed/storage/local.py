@@ -7,7 +7,8 @@ import errno
 import os
 import stat
 import threading
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from ..errors import PermissionDeniedError, StorageError
 from ..util import LRUCache
@@ -106,37 +107,41 @@ class LocalStore(Store):
         return decode(self._pread(fd, 0, size), SUFFIXES[suffix], limit=limit,
                       where=self.describe(key + suffix))
 
-    # -- reading
-    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
+    def _whole(self, key: str, fd: int, size: int, suffix: str, limit: int | None) -> bytes:
+        if suffix:
+            return self._decoded(key, fd, size, suffix, limit)
+        return self._pread(fd, 0, size)
+
+    @contextmanager
+    def _opened(self, key: str) -> Iterator[tuple[int, int, str] | None]:
+        """The open file of `key` (descriptor, size, CloudFiles suffix), closed afterwards, or
+        None when absent; OS errors while it is used become StorageError naming the file."""
         request_counts["read"] += 1
         found = self._locate(key)
         if found is None:
-            return None
-        fd, size, suffix = found
+            yield None
+            return
         try:
-            if suffix:
-                return self._decoded(key, fd, size, suffix, limit)
-            return self._pread(fd, 0, size)
+            yield found
         except OSError as e:
             raise self._fail(key, e) from e
         finally:
-            os.close(fd)
+            os.close(found[0])
+
+    # -- reading
+    def read(self, key: str, *, limit: int | None = None) -> bytes | None:
+        with self._opened(key) as found:
+            return None if found is None else self._whole(key, *found, limit)
 
     def read_with(self, key: str, consume, *, limit: int | None = None):
         # Whole chunks are read into a per-thread buffer that is reused: a fresh buffer per chunk
         # costs a page fault per 4 KiB, as much CPU as copying the bytes (measured on raw chunks).
-        request_counts["read"] += 1
-        found = self._locate(key)
-        if found is None:
-            return None
-        fd, size, suffix = found
-        try:
-            if suffix:
-                decoded = self._decoded(key, fd, size, suffix, limit)
-                return consume(decoded)
-            if size > SCRATCH_MAX_BYTES:
-                whole = self._pread(fd, 0, size)
-                return consume(whole)
+        with self._opened(key) as found:
+            if found is None:
+                return None
+            fd, size, suffix = found
+            if suffix or size > SCRATCH_MAX_BYTES:
+                return consume(self._whole(key, fd, size, suffix, limit))
             buf = getattr(_scratch, "buf", None)
             if buf is None or len(buf) < size:
                 buf = _scratch.buf = bytearray(max(size, 1 << 16))
@@ -147,10 +152,6 @@ class LocalStore(Store):
                 if n <= 0:
                     break
                 got += n
-        except OSError as e:
-            raise self._fail(key, e) from e
-        finally:
-            os.close(fd)
         with view[:got] as data:
             return consume(data)
 
