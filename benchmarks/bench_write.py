@@ -7,6 +7,9 @@
   shard 2, gzip minishard indices and data (the W1 layout).
 - `em`: 512×512×256 uint8 EM-like image, raw, 64³ chunks, unsharded.
 
+`ours (numpy F)` writes the same voxels from a Fortran-ordered (stored-order) numpy array: the
+writer's input memory order (docs/design.md, "Memory order").
+
 Each writer writes the same in-memory array into a fresh directory (ours from a numpy-backed
 DataArray and from a dask-backed one in 128³ blocks, persisted before timing, so the writer
 rechunks them to shard boxes; TensorStore via `store[...] = array`); rounds alternate the
@@ -50,11 +53,12 @@ def write_ts(path: Path, data: np.ndarray, vtype: str, scale: dict) -> None:
     t[...] = data[..., None]
 
 
-def as_dataarray(data: np.ndarray, name: str, dask: bool):
+def as_dataarray(data: np.ndarray, name: str, dask: bool, order: str = "C"):
     import xarray as xr
 
     coords = {n: (np.arange(s) + 0.5) * 8.0 for n, s in zip("xyz", data.shape)}
-    da = xr.DataArray(data[..., None], dims=("x", "y", "z", "channel"), coords=coords, name=name)
+    values = np.asfortranarray(data[..., None]) if order == "F" else data[..., None]
+    da = xr.DataArray(values, dims=("x", "y", "z", "channel"), coords=coords, name=name)
     return da.chunk({"x": 128, "y": 128, "z": 128}) if dask else da
 
 
@@ -89,14 +93,16 @@ def main() -> None:
         "tensorstore": lambda p, d, t, s, inputs: write_ts(p, d, t, s),
         "ours (numpy)": lambda p, d, t, s, inputs: write_ours(p, inputs[0], s),
         "ours (dask)": lambda p, d, t, s, inputs: write_ours(p, inputs[1], s),
+        "ours (numpy F)": lambda p, d, t, s, inputs: write_ours(p, inputs[2], s),
     }
     results: dict[tuple[str, str], list[float]] = {}
     sizes: dict[str, int] = {}
     for vname, (data, vtype, scale) in vols.items():
-        inputs = (as_dataarray(data, vtype, False), as_dataarray(data, vtype, True).persist())
+        inputs = (as_dataarray(data, vtype, False), as_dataarray(data, vtype, True).persist(),
+                  as_dataarray(data, vtype, False, "F"))
         for r in range(args.rounds):
             for wname, fn in writers.items():
-                path = root / f"{vname}-{wname.split()[0]}{wname[-6:-1] if '(' in wname else ''}"
+                path = root / f"{vname}-{wname.replace(' ', '-').replace('(', '').replace(')', '')}"
                 if path.exists():
                     shutil.rmtree(path)
                 t0 = time.perf_counter()
@@ -109,8 +115,8 @@ def main() -> None:
     cpu = os.cpu_count()
     print(f"\nWrite throughput, {args.rounds} rounds, median; {cpu} cores; 512x512x256 volumes "
           "(MB/s of voxels, 1 MB = 1e6 bytes)\n")
-    print(f"| volume | writer | seconds | MB/s | vs TensorStore | bytes on disk |")
-    print(f"| --- | --- | --- | --- | --- | --- |")
+    print("| volume | writer | seconds | MB/s | vs TensorStore | bytes on disk |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for vname, (data, _, _) in vols.items():
         base = statistics.median(results[(vname, "tensorstore")])
         for wname in writers:

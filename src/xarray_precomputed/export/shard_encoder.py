@@ -71,9 +71,12 @@ class ShardEncoder:
         waiting: list[list] = []
         pool = encode_pool()
         for ix, slab in slabs:
-            slab = np.ascontiguousarray(slab)
             if slab.ndim == 3:
                 slab = slab[..., None]
+            # Our reader's slabs come in the stored (Fortran) order, the inner chunks' own
+            # layout: kept as they are; anything else is made C-ordered for the tiled copy.
+            if not slab.flags.f_contiguous:
+                slab = np.ascontiguousarray(slab)
             jobs = []
             for c in range(nc):
                 for iz in range(per[2]):
@@ -111,7 +114,10 @@ class ShardEncoder:
         dtype = slab.dtype
         full = (dx, dy, dz) == (cx, cy, cz)
         chunk = (np.empty if full else np.zeros)((cz, cy, cx), dtype.newbyteorder("<"))
-        if (nc == 1 and sys.byteorder == "little" and dtype.byteorder in "=|<"
+        if slab.flags.f_contiguous:
+            # A Fortran-ordered XYZC slab is a C-ordered (C, Z, Y, X) array: rows copy as they are.
+            chunk[:dz, :dy, :dx] = slab[:dx, y0:y0 + dy, z0:z0 + dz, c].transpose(2, 1, 0)
+        elif (nc == 1 and sys.byteorder == "little" and dtype.byteorder in "=|<"
                 and dtype.itemsize in (1, 2, 4, 8)):
             # A C-ordered (X, Y, Z) slab is a Fortran-ordered (Z, Y, X) array: the raw decoder's
             # tiled transposing copy (GIL released) writes the chunk in (z, y, x) C order.
