@@ -39,7 +39,9 @@ def encode(chunk: np.ndarray) -> bytes:
     chunk = np.asarray(chunk)
     dt = chunk.dtype
     # the C copy moves bytes as they are: only native little-endian input may take it
-    if not (_NATIVE_LITTLE and dt.isnative) or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0:
+    if (not (_NATIVE_LITTLE and dt.isnative) or dt.itemsize not in (1, 2, 4, 8) or chunk.size == 0
+            or chunk.strides[0] == dt.itemsize):
+        # x contiguous (input in the stored order, as our reader returns it): rows copy as they are
         return chunk.astype(dt.newbyteorder("<"), copy=False).tobytes(order="F")
     x, y, z, c = chunk.shape
     n = x * y * z
