@@ -25,8 +25,13 @@ def volumes(tmp_path_factory):
     return build_ome_volumes(tmp_path_factory.mktemp("ome_src"))
 
 
+@pytest.mark.parametrize("order", ["F", "C"])
 @pytest.mark.parametrize("name", list(OME_VOLUMES))
-def test_round_trip_tensorstore_zarr_python_and_xarray(volumes, name, tmp_path):
+def test_round_trip_tensorstore_zarr_python_and_xarray(volumes, name, tmp_path, order, monkeypatch):
+    """Slabs in either memory order the reader can hand over (F, the stored order, by default)."""
+    from xarray_precomputed.backends import precomputed
+
+    monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
     path, truth = volumes[name]
     dst = tmp_path / "out.zarr"
     report = to_ome_zarr(str(path), dst, progress=False)
