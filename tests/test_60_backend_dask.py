@@ -119,7 +119,7 @@ def img(tmp_path_factory):
 def test_chunks_compute_matches_tensorstore(seg, chunks, expected, order, monkeypatch):
     from xarray_precomputed.backends import precomputed
 
-    monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
+    monkeypatch.setattr(precomputed, "DASK_ORDER", order)
     path, truth = seg
     da = xr.open_dataset(path, engine="precomputed", chunks=chunks)["segmentation"]
     assert isinstance(da.data, dask.array.Array)
@@ -130,6 +130,22 @@ def test_chunks_compute_matches_tensorstore(seg, chunks, expected, order, monkey
             assert all(k % c == 0 for k in n[:-1]) and sum(n) == size
     np.testing.assert_array_equal(da.compute().values, truth[0])
     np.testing.assert_array_equal(da.data.compute(scheduler="threads"), truth[0])
+
+
+def test_memory_order_per_path(seg):
+    """`.values` comes in the stored (Fortran) order; blocks of a dataset opened with chunks= in C
+    order, which dask's own assembly allocates (docs/design.md, "Memory order"); both equal
+    TensorStore's read."""
+    path, truth = seg
+    plain = xr.open_dataset(path, engine="precomputed")["segmentation"]
+    values = plain.values
+    assert values.flags.f_contiguous and not values.flags.c_contiguous
+    np.testing.assert_array_equal(values, truth[0])
+    chunked = xr.open_dataset(path, engine="precomputed", chunks={})["segmentation"]
+    block = chunked.data.blocks[1, 0, 0, 0].compute()
+    assert block.flags.c_contiguous and not block.flags.f_contiguous
+    np.testing.assert_array_equal(block, truth[0][16:32, :16, :8])
+    np.testing.assert_array_equal(chunked.data.compute(), truth[0])
 
 
 def test_dask_reductions_and_selection(seg):

@@ -32,6 +32,7 @@ def test_round_trip_tensorstore_zarr_python_and_xarray(volumes, name, tmp_path, 
     from xarray_precomputed.backends import precomputed
 
     monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
+    monkeypatch.setattr(precomputed, "DASK_ORDER", order)
     path, truth = volumes[name]
     dst = tmp_path / "out.zarr"
     report = to_ome_zarr(str(path), dst, progress=False)

@@ -109,6 +109,13 @@ def _requested_chunks() -> tuple[bool, Any, int]:
     return False, None, 0
 
 
+def chunks_requested() -> bool:
+    """Whether the caller of xarray's open_dataset / open_datatree / open_groups passed chunks=,
+    i.e. the variables will be dask arrays (the backend then hands over C-ordered blocks)."""
+    found, chunks, _ = _requested_chunks()
+    return found and chunks is not None
+
+
 def task_count(chunks: Any, dims, shape, preferred: dict, dtype) -> int:
     """How many blocks xarray will ask dask for, computed as xarray's _get_chunk does (the
     requested size per dim, else the preferred one, normalised by dask's rules), but only as
