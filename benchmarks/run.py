@@ -11,8 +11,9 @@ W1  full read of each volume: ours via `.values` and via dask `chunks={}`, Tenso
     CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
     `dask-floor` is no reader: xarray + dask assembling the same shape, dtype and chunks from an
     in-memory array, the bound for any reader's dask path (`dask-floor-F`: from Fortran-ordered
-    blocks, which dask's C-ordered concatenation transposes). `-C`: ours with C-ordered results
-    instead of the default stored (Fortran) order. `write-floor` is no reader either:
+    blocks, which dask's C-ordered concatenation transposes). `-C`: ours with C-ordered `.values`
+    instead of the default stored (Fortran) order; `-F`: ours with Fortran-ordered dask blocks
+    instead of the default C order. `write-floor` is no reader either:
     allocating the result and writing each byte once from two threads (first touch of the output).
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
@@ -23,7 +24,7 @@ R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, 
     64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
     stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
     CloudVolume.
-D   dask reductions, `chunks={}` then `.max()`: ours in Fortran (default) and C-ordered blocks,
+D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks), on W1's volumes and the raw matrix's 128×128×32 volumes.
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
@@ -80,11 +81,14 @@ def worker(task: str, reader: str, path: str) -> dict:
         import xarray_precomputed.backends.precomputed
         from xarray_precomputed import storage
 
-        if reader.endswith("-C"):  # the memory order not chosen, for comparison
+        if reader.endswith("-C"):  # the memory orders not chosen, for comparison
             xarray_precomputed.backends.precomputed.RESULT_ORDER = "C"
+        if reader.endswith("-F"):
+            xarray_precomputed.backends.precomputed.DASK_ORDER = "F"
         if task in ("W5", "W6"):  # remote clients are imported on the first remote open
             import aiohttp  # noqa: F401
             import fsspec.implementations.http  # noqa: F401
+
             import xarray_precomputed.storage.http_store  # noqa: F401
     if reader in ("ts", "ts-dask"):
         import tensorstore as ts
@@ -113,7 +117,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         if reader in ("ours", "ours-C"):
             ds = xr.open_dataset(path, engine="precomputed")
             a = ds[ds.attrs["type"]].values
-        elif reader in ("ours-dask", "ours-dask-C"):
+        elif reader in ("ours-dask", "ours-dask-F"):
             ds = xr.open_dataset(path, engine="precomputed", chunks={})
             a = ds[ds.attrs["type"]].data.compute()
         elif reader == "ts":
@@ -353,7 +357,7 @@ def main() -> None:
         if "W1" in only:
             for vol in ("seg", "em"):
                 for reader in ("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor",
-                               "ours-C", "ours-dask-C", "dask-floor-F"):
+                               "ours-C", "ours-dask-F", "dask-floor-F"):
                     record(("W1", vol, reader), run_one("W1", reader, paths[vol]))
         if "R" in only:
             for vol in raw_vols:
@@ -361,7 +365,7 @@ def main() -> None:
                     record(("R", vol, reader), run_one("R", reader, paths[vol]))
         if "D" in only:
             for vol in dask_vols:
-                for reader in ("ours-dask", "ts-dask", "ours-dask-C"):
+                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
                     record(("D", vol, reader), run_one("D", reader, paths[vol]))
         if "W2" in only:
             for reader in ("ours", "ts", "cv"):
@@ -435,7 +439,7 @@ def report(results) -> str:
                   "--- | --- | --- | --- | ---"]
         for vol in ("seg", "em"):
             rates = {}
-            for reader in ("ours", "ours-C", "ours-dask", "ours-dask-C", "ts", "cv", "dask-floor",
+            for reader in ("ours", "ours-C", "ours-dask", "ours-dask-F", "ts", "cv", "dask-floor",
                            "dask-floor-F", "write-floor"):
                 rs = results.get(("W1", vol, reader), [])
                 if rs:
@@ -447,7 +451,7 @@ def report(results) -> str:
         lines.append("")
     for task, title, readers, peers in (
             ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
-            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-C", "ts-dask"), ("ts-dask",))):
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
         vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
         if not vols:
             continue
