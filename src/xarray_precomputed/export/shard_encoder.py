@@ -73,9 +73,10 @@ class ShardEncoder:
         for ix, slab in slabs:
             if slab.ndim == 3:
                 slab = slab[..., None]
-            # Our reader's slabs come in the stored (Fortran) order, the inner chunks' own
-            # layout: kept as they are; anything else is made C-ordered for the tiled copy.
-            if not slab.flags.f_contiguous:
+            # Our reader's slabs come in the stored (Fortran) order, x-rows like the inner
+            # chunks' own layout (possibly an x-slice of a whole Fortran-ordered array): kept as
+            # they are; anything else is made C-ordered for the tiled copy.
+            if slab.strides[0] != slab.itemsize:
                 slab = np.ascontiguousarray(slab)
             jobs = []
             for c in range(nc):
@@ -114,8 +115,9 @@ class ShardEncoder:
         dtype = slab.dtype
         full = (dx, dy, dz) == (cx, cy, cz)
         chunk = (np.empty if full else np.zeros)((cz, cy, cx), dtype.newbyteorder("<"))
-        if slab.flags.f_contiguous:
-            # A Fortran-ordered XYZC slab is a C-ordered (C, Z, Y, X) array: rows copy as they are.
+        if slab.strides[0] == slab.itemsize:
+            # x-rows (a Fortran-ordered XYZC slab is a C-ordered (C, Z, Y, X) array): rows copy
+            # as they are.
             chunk[:dz, :dy, :dx] = slab[:dx, y0:y0 + dy, z0:z0 + dz, c].transpose(2, 1, 0)
         elif (nc == 1 and sys.byteorder == "little" and dtype.byteorder in "=|<"
                 and dtype.itemsize in (1, 2, 4, 8)):
