@@ -122,7 +122,7 @@ def task_count(chunks: Any, dims, shape, preferred: dict, dtype) -> int:
     per-axis counts: nothing is built."""
     if chunks is None:
         return 0
-    if isinstance(chunks, (int, str)) or chunks == "auto":
+    if isinstance(chunks, (int, str)):
         chunks = dict.fromkeys(dims, chunks)
     if not isinstance(chunks, dict):
         return 0
