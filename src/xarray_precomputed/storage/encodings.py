@@ -127,6 +127,12 @@ def accepted_encodings() -> str:
     return ", ".join(names)
 
 
+def is_encoded(content_encoding: str | None) -> bool:
+    """Whether a Content-Encoding header names any coding (identity is none)."""
+    return any(c.strip().lower() not in ("", "identity")
+               for c in (content_encoding or "").split(","))
+
+
 def decode_content(data, content_encoding: str, *, limit: int | None, where: str) -> bytes:
     """A response body undone of its Content-Encoding (a list, applied in order), within
     `limit` bytes."""

@@ -4,12 +4,14 @@ systems fetch many keys and ranges concurrently; transient failures are retried.
 from __future__ import annotations
 
 import asyncio
+import errno
 from typing import Sequence
 from urllib.parse import urlparse
 
 from ..errors import DependencyError, PermissionDeniedError, StorageError
 from .base import Store, coalesce, request_counts, split_merged
-from .encodings import accepted_encodings, decode_content
+from .encoded_objects import EncodedAnswer, EncodedObjects
+from .encodings import accepted_encodings, decode_content, is_encoded
 from .retry import retry_each, status_of, with_retries
 
 # Ranges closer than this are fetched as one request and split afterwards.
@@ -46,6 +48,9 @@ class FsspecStore(Store):
         # file systems return what their client gives).
         self._getter = {"http": self._http_get, "https": self._http_get,
                         "s3": self._s3_get, "s3a": self._s3_get}.get(protocol)
+        # Ranged reads that see the answer's Content-Encoding (else fsspec's cat_ranges).
+        self._range_getter = {"s3": self._s3_range, "s3a": self._s3_range}.get(protocol)
+        self._encoded = EncodedObjects(self.url)
         # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
         # A later answer of exactly that size to a range that starts past byte 0 is the whole
         # object again (a real partial answer is shorter) and is sliced too. Bounded.
@@ -130,14 +135,53 @@ class FsspecStore(Store):
             body.close()
         return data, resp.get("ContentEncoding") or ""
 
+    async def _s3_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
+        if end <= start:
+            return b""
+        bucket, key, version = self.fs.split_path(path)
+        extra = {"VersionId": version} if version else {}
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                          Range=f"bytes={start}-{end - 1}", **extra)
+        except OSError as e:
+            if e.errno == errno.EINVAL and "range" in str(e).lower():
+                return b""  # InvalidRange: the range starts past the end
+            raise
+        body = resp["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        if is_encoded(resp.get("ContentEncoding")):
+            return EncodedAnswer(resp["ContentEncoding"])
+        return data
+
+    def _cat_ranges(self, path: str, starts: list[int], ends: list[int]) -> list:
+        if self._range_getter is None:
+            return self.fs.cat_ranges([path] * len(starts), starts, ends, on_error="return")
+        from fsspec.asyn import sync
+
+        get = self._range_getter
+
+        async def gather():
+            return await asyncio.gather(*(get(path, s, e) for s, e in zip(starts, ends)),
+                                        return_exceptions=True)
+
+        return sync(self.fs.loop, gather)
+
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+        # An object stored with a Content-Encoding is read whole and decoded (encoded_objects).
+        return self._encoded.read_ranges(key, ranges, lambda: self._read_ranges(key, ranges),
+                                         lambda: self.read(key))
+
+    def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
         request_counts["range"] += len(merged)
         path = self._path(key)
 
         def fetch(todo):
-            return self.fs.cat_ranges([path] * len(todo), [merged[i][0] for i in todo],
-                                      [merged[i][1] for i in todo], on_error="return")
+            return self._cat_ranges(path, [merged[i][0] for i in todo],
+                                    [merged[i][1] for i in todo])
 
         try:
             blobs = retry_each(len(merged), fetch)
@@ -150,6 +194,9 @@ class FsspecStore(Store):
                 return None
             if isinstance(b, BaseException):
                 raise self._fail(key, b) from b
+        encoded = next((b for b in blobs if isinstance(b, EncodedAnswer)), None)
+        if encoded is not None:
+            return encoded
         size = self._whole_sizes.get(key)
         for (lo, hi), b in zip(merged, blobs):
             if len(b) > hi - lo:  # a server that ignores Range answers with the whole object

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
 from .base import Store, coalesce, request_counts, split_merged
-from .encodings import accepted_encodings, decode_content
+from .encoded_objects import EncodedAnswer, EncodedObjects
+from .encodings import accepted_encodings, decode_content, is_encoded
 from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
 
 # Connections per store: requests beyond these wait for one (the reader keeps up to a few
@@ -97,6 +98,7 @@ class HttpStore(Store):
         self._session: Any = None
         self._session_pid = None
         self._fsspec: FsspecStore | None = None
+        self._encoded = EncodedObjects(self.url)
 
     # -- plumbing
     def _href(self, key: str) -> str:
@@ -141,7 +143,9 @@ class HttpStore(Store):
     async def _get(self, key: str, start: int | None = None, end: int | None = None,
                    limit: int | None = None):
         """The value of `key` (or its bytes [start, end)); None when the server has no such key
-        (404: other 4xx are errors); b"" for a range that starts at or past the end (416)."""
+        (404: other 4xx are errors); b"" for a range that starts at or past the end (416); an
+        EncodedAnswer for a range answered in part with a Content-Encoding (bytes of the encoded
+        object, not of the object)."""
         session = await self._get_session()
         headers = dict(self._headers)
         if start is None:  # whole values may come encoded in whatever we can undo
@@ -157,12 +161,16 @@ class HttpStore(Store):
                 return b""
             if r.status not in (200, 206):
                 raise HTTPStatusError(r.status, r.reason or "")
-            body = await r.read()
             enc = r.headers.get("Content-Encoding")
+            body = await r.read()  # read even when of no use below: the connection is kept
+        if start is not None and r.status == 206 and is_encoded(enc):
+            return EncodedAnswer(enc or "")
         if enc:
             body = decode_content(body, enc, limit=limit or self.max_decoded_bytes,
                                   where=self.describe(key))
         if start is not None and r.status == 200:  # the server ignored Range: the whole object
+            if is_encoded(enc):  # decoded once, kept for the object's other ranges
+                self._encoded.keep(key, body)
             body = body[start:end]
         elif end is not None and start is not None and len(body) > end - start:
             raise StorageError(f"asked for bytes [{start}, {end}), the server sent {len(body)}",
@@ -199,6 +207,11 @@ class HttpStore(Store):
         return got
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+        # An object stored with a Content-Encoding is read whole and decoded (encoded_objects).
+        return self._encoded.read_ranges(key, ranges, lambda: self._read_ranges(key, ranges),
+                                         lambda: self.read(key))
+
+    def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
         request_counts["range"] += len(merged)
         try:
@@ -210,6 +223,9 @@ class HttpStore(Store):
                 raise self._fail(key, v) from v
         if any(v is None for v in got):
             return None
+        encoded = next((v for v in got if isinstance(v, EncodedAnswer)), None)
+        if encoded is not None:
+            return encoded
         return split_merged(ranges, merged, owner, got)
 
     def size(self, key: str) -> int | None:
