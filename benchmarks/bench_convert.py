@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+VOLUMES = ("seg", "em")
 sys.path.insert(0, str(HERE))
 
 
@@ -40,6 +42,8 @@ def worker(tool: str, src: str, dst: str) -> dict:
     else:
         import tensorstore as ts
     shutil.rmtree(dst, ignore_errors=True)
+    rss0 = _rss_mib()
+    cpu0 = _cpu()
     t0 = time.perf_counter()
     if tool == "ours":
         report = to_ome_zarr(src, dst, scheduler="threads", progress=False)
@@ -59,9 +63,21 @@ def worker(tool: str, src: str, dst: str) -> dict:
         out.write(view).result()
         nbytes = view.dtype.numpy_dtype.itemsize * int(view.size)
     dt = time.perf_counter() - t0
+    cpu = _cpu() - cpu0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0
     stored = sum(f.stat().st_size for f in Path(dst).rglob("*") if f.is_file()
                  and "/c/" in str(f))
-    return {"seconds": dt, "bytes": nbytes, "stored": stored}
+    return {"seconds": dt, "cpu": cpu, "peak_mib": peak, "bytes": nbytes, "stored": stored}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)   # every thread of the process
+    return r.ru_utime + r.ru_stime
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def run_one(tool, src, dst) -> dict:
@@ -99,13 +115,13 @@ def main() -> None:
     out_root = Path(args.root) / "convert-out"
     out_root.mkdir(exist_ok=True)
     results: dict = {}
-    for vol in ("seg", "em"):
+    for vol in VOLUMES:
         # a warm-up run of ours decides the shards; the TensorStore copy gets the same metadata
         run_one("ours", paths[vol], out_root / f"{vol}-ours.zarr")
         meta = json.loads((out_root / f"{vol}-ours.zarr" / "s0" / "zarr.json").read_text())
         Path(str(paths[vol]) + ".ours-meta.json").write_text(json.dumps(meta))
     for rnd in range(args.rounds):
-        for vol in ("seg", "em"):
+        for vol in VOLUMES:
             for tool in (("ours", "ts") if rnd % 2 == 0 else ("ts", "ours")):
                 r = run_one(tool, paths[vol], out_root / f"{vol}-{tool}.zarr")
                 results.setdefault((vol, tool), []).append(r)
@@ -115,25 +131,29 @@ def main() -> None:
 
 def report(results, paths, out_root, rounds) -> str:
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}; medians of {rounds} rounds", "",
-             "conversion to OME-Zarr | tool | MB/s (voxels) | seconds | stored MiB | ratio to TS "
-             "| matches source", "--- | --- | --- | --- | --- | --- | ---"]
+             f"{platform.python_version()}; medians of {rounds} rounds; load average "
+             f"{os.getloadavg()[0]:.2f} at the end", "",
+             "conversion to OME-Zarr | tool | MB/s (voxels) | seconds | CPU seconds | peak MiB "
+             "| stored MiB | ratio to TS | matches source",
+             "--- | --- | --- | --- | --- | --- | --- | --- | ---"]
     names = {"ours": "xarray-precomputed", "ts": "TensorStore copy"}
-    for vol in ("seg", "em"):
+    for vol in VOLUMES:
         rows = {}
         for tool in ("ours", "ts"):
             rs = [r for r in results.get((vol, tool), []) if "error" not in r]
             if rs:
                 secs = statistics.median(r["seconds"] for r in rs)
-                rows[tool] = (rs[0]["bytes"] / secs / 1e6, secs, rs[0]["stored"] / 2**20)
+                rows[tool] = (rs[0]["bytes"] / secs / 1e6, secs,
+                              statistics.median(r["cpu"] for r in rs),
+                              statistics.median(r["peak_mib"] for r in rs), rs[0]["stored"] / 2**20)
             else:
                 errs = [r["error"] for r in results.get((vol, tool), [])]
-                lines.append(f"{vol} | {names[tool]} | error: {errs[:1]} | | | |")
-        for tool, (rate, secs, stored) in rows.items():
+                lines.append(f"{vol} | {names[tool]} | error: {errs[:1]} | | | | | |")
+        for tool, (rate, secs, cpu, peak, stored) in rows.items():
             ratio = rate / rows["ts"][0] if "ts" in rows else float("nan")
             ok = check(paths[vol], out_root / f"{vol}-{tool}.zarr")
-            lines.append(f"{vol} | {names[tool]} | {rate:.0f} | {secs:.2f} | {stored:.1f} | "
-                         f"{ratio:.2f}x | {ok}")
+            lines.append(f"{vol} | {names[tool]} | {rate:.0f} | {secs:.2f} | {cpu:.2f} | "
+                         f"{peak:.0f} | {stored:.1f} | {ratio:.2f}x | {ok}")
     return "\n".join(lines)
 
 

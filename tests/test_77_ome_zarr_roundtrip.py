@@ -179,3 +179,77 @@ def test_any_zarr_store_and_process_workers(volumes, tmp_path):
     to_ome_zarr(str(path), tmp_path / "procs.zarr", scheduler="processes", num_workers=2,
                 progress=False)
     assert tree_files(tmp_path / "procs.zarr") == tree_files(tmp_path / "threads.zarr")
+
+
+# -- stored chunks streamed into inner chunks (export/chunk_source.py)
+
+@pytest.mark.parametrize("name", list(OME_VOLUMES))
+def test_stored_chunks_stream_into_the_same_bytes_as_slabs(volumes, name, tmp_path, monkeypatch):
+    """A whole precomputed scale goes through `ShardEncoder.encode_chunks` (stored chunks decoded
+    straight into inner chunks), and its shards are byte for byte those of the slab path."""
+    from xarray_precomputed.export import ome_zarr, shard_encoder
+
+    path, truth = volumes[name]
+    calls = {"chunks": 0, "slabs": 0}
+    encode_chunks, encode = shard_encoder.ShardEncoder.encode_chunks, shard_encoder.ShardEncoder.encode
+
+    def count(kind, fn):
+        def wrapped(*a, **k):
+            calls[kind] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(shard_encoder.ShardEncoder, "encode_chunks", count("chunks", encode_chunks))
+    monkeypatch.setattr(shard_encoder.ShardEncoder, "encode", count("slabs", encode))
+    report = to_ome_zarr(str(path), tmp_path / "stream.zarr", progress=False)
+    assert calls == {"chunks": report.written, "slabs": 0} and report.written > 0
+    for k, t in enumerate(truth):
+        assert_same(ts_zarr(tmp_path / "stream.zarr" / f"s{k}"), zarr_order(t))
+    monkeypatch.setattr(ome_zarr, "stored_chunk_reader", lambda scale: None)
+    to_ome_zarr(str(path), tmp_path / "slabs.zarr", progress=False)
+    assert calls["slabs"] == report.written
+    a, b = tree_files(tmp_path / "stream.zarr"), tree_files(tmp_path / "slabs.zarr")
+    assert a.keys() == b.keys()
+    assert all(a[k] == b[k] for k in a if "/c/" in f"/{k}")
+
+
+def test_only_a_whole_unchanged_scale_streams(volumes):
+    from xarray_precomputed.export.chunk_source import stored_chunk_reader
+    from xarray_precomputed.export.plan import collect
+
+    path, _ = volumes["multi"]
+
+    def reader_of(obj, **kw):
+        (s,) = collect(obj, scales=None, variable=None, shard_shape=kw.get("shard_shape"),
+                       max_shard_bytes=1 << 30)
+        return stored_chunk_reader(s)
+
+    ds = xr.open_dataset(path, engine="precomputed", scale=1)
+    assert reader_of(ds) is not None
+    assert reader_of(ds.isel(x=slice(0, None))) is not None                # every voxel still
+    assert reader_of(ds, shard_shape=(16, 16, 8)) is not None
+    assert reader_of(ds.isel(x=slice(1, None))) is None                     # a cut-out
+    assert reader_of(ds.isel(x=slice(None, None, 2))) is None
+    assert reader_of(ds.isel(channel=[0, 2])) is None
+    assert reader_of(ds.transpose("channel", "z", "y", "x")) is None
+    assert reader_of(ds + 1) is None                                        # other values
+    assert reader_of(ds.chunk({})) is None                                  # dask: its blocks
+    loaded = ds.copy()
+    loaded["image"].load()
+    assert reader_of(loaded) is None
+
+
+def test_planning_reads_no_voxels(volumes, monkeypatch):
+    """The plan looks at the variable without loading it: xarray's `Variable.data` would read a
+    lazily indexed scale whole (and cache it), the whole volume in memory before any shard."""
+    from xarray_precomputed.export.plan import collect
+    from xarray_precomputed.reading.volume import ScaleReader
+
+    reads = []
+    read_outer = ScaleReader.read_outer
+    monkeypatch.setattr(ScaleReader, "read_outer",
+                        lambda self, *a, **k: reads.append(a) or read_outer(self, *a, **k))
+    path, _ = volumes["multi"]
+    tree = xr.open_datatree(path, engine="precomputed")
+    plans = collect(tree, scales=None, variable=None, shard_shape=None, max_shard_bytes=1 << 30)
+    assert len(plans) == 2 and reads == []

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import ExportError
+from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
 from .ome_metadata import ome_attrs
 from .plan import DEFAULT_MAX_SHARD_BYTES, ScalePlan, collect, int_option, plan_shard, scale_matches
@@ -226,7 +227,11 @@ def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> t
                                   f"{slab.shape}, expected {(x1 - x0, *expected[1:])}")
             yield ix, slab
 
-    data = state.encoder.encode(scale, slabs())
+    reader = stored_chunk_reader(scale) if block is None else None
+    if reader is not None:
+        data = state.encoder.encode_chunks(scale, region, reader)
+    else:
+        data = state.encoder.encode(scale, slabs())
     shard = state.shard_sp(coords)
     if data is None:
         sync(shard.delete())

@@ -61,8 +61,6 @@ class ShardEncoder:
         `(ix, slab)`: the shard's part of the array, one inner-chunk column along x at a time
         (XYZC, `ix` counting columns from the shard's origin). Slabs are encoded while the next
         is read; at most two wait, so memory stays near two slabs plus the compressed chunks."""
-        import google_crc32c
-
         cx, cy, cz = scale.chunk_xyz
         per = [-(-s // c) for s, c in zip(scale.shard_xyz, scale.chunk_xyz)]
         nc = scale.nc
@@ -93,6 +91,48 @@ class ShardEncoder:
         for jobs in waiting:
             for f in jobs:
                 f.result()
+        return self._assemble(encoded)
+
+    def encode_chunks(self, scale: ScalePlan, region, reader) -> bytes | None:
+        """The shard covering `region` (x, y, z slices, chunk-aligned), or None if every inner
+        chunk is empty, from the stored chunks of `reader` (a precomputed scale whose chunk is the
+        inner chunk, see `chunk_source`): each is decoded into the reader's per-thread buffer,
+        whose channels are already C-ordered (z, y, x) inner chunks, and compressed from there."""
+        chunk = scale.chunk_xyz
+        per = [-(-s // c) for s, c in zip(scale.shard_xyz, chunk)]
+        lo = [r.start // c for r, c in zip(region, chunk)]
+        hi = [-(-r.stop // c) for r, c in zip(region, chunk)]
+        grid = np.stack(np.meshgrid(*(np.arange(a, b) for a, b in zip(lo, hi)), indexing="ij"),
+                        axis=-1).reshape(-1, 3)
+        local = (grid - np.asarray(lo)).tolist()
+        nc = scale.nc
+        n = nc * per[0] * per[1] * per[2]
+        encoded: list[bytes | None] = [None] * n
+        words = f"u{scale.dtype.itemsize}"
+
+        def take(i: int, block: np.ndarray | None) -> None:
+            if block is None:
+                return
+            ix, iy, iz = local[i]
+            for c in range(nc):
+                inner = block[..., c].T          # C-contiguous (z, y, x): no copy
+                flat = inner.reshape(-1)
+                probe = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(words)
+                if not probe.any():
+                    continue
+                encoded[((c * per[2] + iz) * per[1] + iy) * per[0] + ix] = \
+                    bytes(self.codec.encode(inner)) if self.codec is not None else inner.tobytes()
+
+        reader.for_each_chunk(grid, take)
+        return self._assemble(encoded)
+
+    @staticmethod
+    def _assemble(encoded: list[bytes | None]) -> bytes | None:
+        """The shard object: the stored inner chunks in index order, then the index and its
+        CRC-32C; None when no inner chunk is stored."""
+        import google_crc32c
+
+        n = len(encoded)
         if all(e is None for e in encoded):
             return None
         index = np.full((n, 2), np.iinfo(np.uint64).max, dtype="<u8")
@@ -102,8 +142,8 @@ class ShardEncoder:
                 index[i] = (offset, len(e))
                 offset += len(e)
         ib = index.tobytes()
-        return b"".join(e for e in encoded if e is not None) + ib + \
-            struct.pack("<I", google_crc32c.value(ib))
+        return b"".join([*(e for e in encoded if e is not None), ib,
+                         struct.pack("<I", google_crc32c.value(ib))])
 
     def _chunk(self, slab: np.ndarray, c: int, y0: int, z0: int, chunk_xyz, flat: int,
                out: list) -> None:

@@ -265,7 +265,7 @@ class ChunkedScaleReader(ABC):
             # A remote store: latency bounds the read, so many batches are fetched at once
             # (large groups split) and each is decoded as it arrives.
             batches, in_flight, part = self._remote_batches(groups, len(cells))
-            _pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part)
+            pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part)
             return
         if len(groups) == 1:
             # One group: its reads are one task's worth anyway, so they run here rather than
@@ -294,7 +294,7 @@ class ChunkedScaleReader(ABC):
             settle(tasks + decodes)
 
 
-def _pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
+def pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
               part: int | None = None) -> None:
     """`decode(fetch(job))` for every job: fetches on the I/O pool, at most `in_flight` jobs
     fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives

@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..codecs import get_decoder
-from ..errors import PrecomputedError, StorageError
+from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
-from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, ChunkedScaleReader, Fetched, Lazy
+from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, ChunkedScaleReader, Fetched, Lazy, pipeline
+from .missing import record_filled
 from .shard_reader import ShardReader, group_by_shard
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
 # decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded
 # size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
 WHOLE_SHARD_MAX_BYTES = 256 << 20
+
+# Batches of stored chunks a local `for_each_chunk` reads ahead of the decoders (remote: as many
+# as a remote read keeps in flight).
+LOCAL_CHUNK_BATCHES = 2
+_chunk_buffers = threading.local()
 
 
 class Volume:
@@ -220,6 +227,63 @@ class ScaleReader(ChunkedScaleReader):
                                       limit=self._max_stored_bytes())
         if placed is None:
             finish([(i, None, Lazy(self._describe_missing, cells[i]))])
+
+    def for_each_chunk(self, cells, fn: Callable[[int, np.ndarray | None], Any]) -> None:
+        """Call `fn(i, chunk)` for every grid cell `cells[i]` (N x 3): `chunk` is the cell's whole
+        chunk, every channel, as a Fortran-ordered (X, Y, Z, C) array of the full chunk size
+        (the stored layout: channel c is `chunk[..., c]`, a C-ordered (Z, Y, X) block), voxels
+        past the volume's edge 0; `fn(i, None)` for a missing chunk (which reads as 0;
+        MissingChunkError with fill_missing=False).
+
+        Calls run on the decode pool's threads as chunks arrive, in no set order; `chunk` is a
+        per-thread buffer, valid only during the call. Stored chunks are fetched in batches of
+        bounded size, a few batches ahead, so memory stays near a chunk per decode thread plus
+        those batches, however many cells are asked for. The first failure (of a read, a decode
+        or `fn`) is raised once nothing is left running."""
+        cells = np.asarray(cells, dtype=np.int64).reshape(-1, 3)
+        grid = np.asarray(self.grid_shape, dtype=np.int64)
+        if len(cells) and ((cells < 0).any() or (cells >= grid).any()):
+            raise PrecomputedError(f"grid cells outside the grid {tuple(self.grid_shape)} of "
+                                   f"scale {self.scale_info.key!r}")
+        per = self._remote_batch(len(cells), spread=False)
+        sharding = self.scale_info.sharding
+        batches: list[tuple[Any, np.ndarray]] = []
+        if sharding is None:
+            every = np.arange(len(cells))
+            batches = [(None, every[k:k + per]) for k in range(0, len(cells), per)]
+        else:
+            ids = compressed_morton(cells, self.grid_shape)
+            shards, minis = chunk_location(ids, sharding)
+            for shard, members in group_by_shard(shards):
+                batches += [((shard, ids, minis, None), members[k:k + per])
+                            for k in range(0, len(members), per)]
+        shape = (*self.chunk_size, self.info.num_channels)
+
+        def fetch(batch):
+            return self._fetch(batch[0], batch[1], cells)
+
+        def decode(fetched: list[Fetched]) -> None:
+            for i, blob, name in fetched:
+                if blob is None:
+                    if not self.fill_missing:
+                        raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
+                    record_filled(self.url)
+                    fn(i, None)
+                    continue
+                key = (shape, self.dtype)
+                buf = getattr(_chunk_buffers, "buf", None)
+                if buf is None or _chunk_buffers.key != key:
+                    buf = _chunk_buffers.buf = np.zeros(shape, self.dtype, order="F")
+                    _chunk_buffers.key = key
+                cell = self._cell_shape(cells[i])
+                if cell != self.chunk_size:
+                    buf.fill(0)
+                self._decode(blob, buf[:cell[0], :cell[1], :cell[2]], origin=(0, 0, 0),
+                             chunk_shape=cell, chunk=name, stream=False)
+                fn(i, buf)
+
+        in_flight = REMOTE_IN_FLIGHT if self.store.batches_reads else LOCAL_CHUNK_BATCHES
+        pipeline(batches, fetch, decode, in_flight=in_flight, part=1)
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,

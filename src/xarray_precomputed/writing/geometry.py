@@ -272,10 +272,12 @@ def input_scale(obj: Any, *, variable: str | None = None, resolution=None, voxel
         if isinstance(cand, str) and cand.lower() in ("image", "segmentation"):
             vtype = cand.lower()
             break
+    # `var.data` would load a lazily indexed variable whole (and keep it, in xarray's memory
+    # cache): the exporter and the writer read such input box by box.
     try:
         import dask.array as dsa
 
-        is_dask = isinstance(var.data, dsa.Array)
+        is_dask = var.chunks is not None and isinstance(var.data, dsa.Array)
     except ImportError:
         is_dask = False
     return InputScale(
