@@ -158,6 +158,20 @@ def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
             s.read_with("small", bytes)
 
 
+def test_local_read_with_buffer_starts_on_a_page(tmp_path):
+    """The reused buffer a whole value is read into starts on a page boundary: the kernel copies
+    page-cache pages into it, and a destination a few bytes into a page (where a bytearray's
+    data starts) made that copy ~3x slower (docs/design.md, "Result allocation")."""
+    (tmp_path / "a").write_bytes(b"x" * 5000)
+    (tmp_path / "b").write_bytes(b"y" * 300000)  # larger than the first buffer: a new one
+    s = LocalStore(str(tmp_path))
+    for key, fill in (("a", b"x"), ("b", b"y"), ("a", b"x")):
+        got = s.read_with(key, lambda data: (np.frombuffer(data, np.uint8).ctypes.data,
+                                             bytes(data)))
+        assert got[0] % 4096 == 0
+        assert got[1] == fill * len(got[1]) and len(got[1]) in (5000, 300000)
+
+
 def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch):
     """Over a network each chunk costs a round trip: the chunks of one read are requested in
     batches that run concurrently, so far more requests are in flight than there are worker

@@ -14,7 +14,6 @@ import functools
 import json
 import math
 import os
-import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Callable, Sequence
@@ -36,9 +35,6 @@ from .selection import (
     voxel_selection,
 )
 
-_set_hugepage = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
-_hugepage_lock = threading.Lock()
-
 # Results at least this large are "large": allocated without huge pages, line-aligned, and written
 # by codecs with streaming (non-temporal) stores.
 LARGE_RESULT_BYTES = 32 << 20
@@ -58,22 +54,14 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
 
     Small results are left uninitialised (every voxel is then written by a decoder, or zeroed
     because its chunk is missing): zeroing heap memory first cost ~0.15 ms per 256 KiB chunk task.
-    Large ones come zeroed for free, as fresh pages from the kernel; they are allocated without
-    numpy's MADV_HUGEPAGE: with the usual Linux setting (THP "madvise", defrag "madvise")
-    first-touching a fresh madvised region stalls in direct compaction; we measured 2-3x slower
-    full reads than with regular pages, which a result written exactly once does not benefit
-    from. They also start on a 64-byte line, so that codecs can stream whole lines into them."""
+    Large ones come zeroed for free, as fresh pages from the kernel, with numpy's huge-page
+    advice (its default; `NUMPY_MADVISE_HUGEPAGE=0` turns it off): first-touching them cost
+    ~0.09 ms per MiB against ~0.5 with 4 KiB pages here (docs/design.md, "Result allocation").
+    They start on a 64-byte line, so that codecs can stream whole lines into them."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < LARGE_RESULT_BYTES:
         return _allocate_small(shape, dtype, order=order), False
-    if _set_hugepage is None:
-        return np.zeros(shape, dtype, order=order), True  # type: ignore[call-overload]
-    with _hugepage_lock:
-        previous = _set_hugepage(False)
-        try:
-            raw = np.zeros(nbytes + 64, np.uint8)
-        finally:
-            _set_hugepage(previous)
+    raw = np.zeros(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
 
