@@ -34,7 +34,7 @@ def _aligned_buffer(size: int) -> memoryview:
     EPYC: offsets 8-24 into a page 3x, 0 and 48+ not), as its loads alias its recent stores."""
     raw = np.empty(size + 4096, np.uint8)
     skip = -raw.ctypes.data % 4096
-    return memoryview(raw[skip:skip + size])
+    return memoryview(raw[skip:skip + size].data)
 
 
 # Whole compressed files (shards, indices) decoded for byte-range reads, per process.
