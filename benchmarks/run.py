@@ -30,6 +30,9 @@ D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and 
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
     (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
     TensorStore, CloudVolume.
+WRITE  `bench_write.py --rounds N` (to_precomputed against a TensorStore write), run after the
+    reading rounds in the same run; CONVERT  `bench_convert.py --rounds N` (OME-Zarr export against
+    a TensorStore copy), likewise. Their tables are the scripts' own.
 W6  issue 16's remote volumes, read whole over the same server: seg4 (W1's seg, 4 shards), seg64
     (the same voxels in 64 shards of 4 chunks), raw128 (uint8 raw 512×512×256 unsharded in 128
     chunks of 128×128×32, 512 KiB each); seconds, and the requests the server answered per read.
@@ -325,7 +328,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", default="/tmp/xp-bench")
-    ap.add_argument("--only", default="W1,R,D,W2,W3,W4,W5,W6")
+    ap.add_argument("--only", default="W1,R,D,W2,W3,W4,W5,W6,WRITE,CONVERT")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--no-docs", action="store_true",
@@ -391,17 +394,32 @@ def main() -> None:
         server[0].wait()
 
     print(report(results))
+    scripts = {"WRITE": "bench_write.py", "CONVERT": "bench_convert.py"}
+    tables = {w: _script_table(scripts[w], args.rounds) for w in scripts if w in only}
+    for table in tables.values():
+        print(f"\n{table}")
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "latest.json").write_text(json.dumps({"|".join(k): v for k, v in results.items()}, indent=1))
     if not args.no_docs:
-        write_docs(results, args.rounds)
+        write_docs(results, args.rounds, tables)
 
 
 DOCS = HERE.parent / "docs" / "benchmarks.md"
 
 
-def write_docs(results, rounds: int) -> None:
+def _script_table(script: str, rounds: int) -> str:
+    """Run another benchmark script of this folder (its own alternating rounds, fresh processes
+    as it makes them) and return the markdown table it prints."""
+    out = subprocess.run([sys.executable, str(HERE / script), "--rounds", str(rounds)],
+                         capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        return f"{script} failed: {tail[0]}"
+    return "\n".join(line for line in out.stdout.splitlines() if line.startswith("|"))
+
+
+def write_docs(results, rounds: int, tables: dict | None = None) -> None:
     """Replace, in docs/benchmarks.md, the table of each workload this run measured (between its
     `<!-- run.py Wn -->` markers); the other workloads' tables and the prose stay as they are."""
     import datetime
@@ -409,12 +427,15 @@ def write_docs(results, rounds: int) -> None:
     text = DOCS.read_text()
     stamp = (f"*{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, Python "
              f"{platform.python_version()}: `python benchmarks/run.py --rounds {rounds}`, medians.*")
-    for w in sorted({k[0] for k in results}):
+    produced = {w: report({k: v for k, v in results.items() if k[0] == w}).split("\n", 2)[2].strip()
+                for w in {k[0] for k in results}}
+    produced.update(tables or {})
+    for w in sorted(produced):
         begin, end = f"<!-- run.py {w} -->", f"<!-- /run.py {w} -->"
         if begin not in text or end not in text:
             # a workload new to the page: its table goes at the end of the reading section
             text = text.replace("\n## Writing", f"\n{begin}\n{end}\n\n## Writing", 1)
-        table = report({k: v for k, v in results.items() if k[0] == w}).split("\n", 2)[2].strip()
+        table = produced[w]
         head, rest = text.split(begin, 1)
         text = f"{head}{begin}\n{stamp}\n\n{table}\n{end}{rest.split(end, 1)[1]}"
     DOCS.write_text(text)
