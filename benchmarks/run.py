@@ -7,7 +7,8 @@ readers alternate within each round; the table reports medians and ratios to the
 The tables go to stdout, per-run seconds to benchmarks/results/latest.json, and the table of
 each workload run replaces its own in docs/benchmarks.md (`--no-docs`: not).
 
-W1  full read of each volume: ours via `.values` and via dask `chunks={}`, TensorStore `.read()`,
+W1  full read of each volume: ours via `.values` and via dask `chunks={}` at the storage chunks
+    (`preferred_chunks="chunk"`; P compares the default shard-aligned blocks), TensorStore `.read()`,
     CloudVolume `cv[:, :, :]`; GB/s of output and peak-memory growth over the output size.
     `dask-floor` is no reader: xarray + dask assembling the same shape, dtype and chunks from an
     in-memory array, the bound for any reader's dask path (`dask-floor-F`: from Fortran-ordered
@@ -26,7 +27,11 @@ R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, 
     CloudVolume.
 D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
-    chunks), on W1's volumes and the raw matrix's 128×128×32 volumes.
+    chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes.
+P   preferred chunks on the sharded volume (seg), `chunks={}` with `preferred_chunks="shard"`
+    (shard-aligned dask blocks, at most dask's `array.chunk-size`) against `"chunk"` (the
+    storage chunk): `.max()` and `.values`, read locally and over the 20 ms server (`seg@http`);
+    seconds, CPU seconds of the process, and the requests the server answered.
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
     (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
     TensorStore, CloudVolume.
@@ -72,6 +77,18 @@ def _cutouts(shape, n=500, size=64, seed=0):
 def worker(task: str, reader: str, path: str) -> dict:
     import numpy as np
 
+    if task == "P":
+        import dask.array  # noqa: F401
+        import xarray as xr
+
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            pass
+        import aiohttp  # noqa: F401
+
+        import xarray_precomputed.backends.precomputed
+        import xarray_precomputed.storage.http_store  # noqa: F401
     if reader.startswith("ours") or reader in ("dask-floor", "dask-floor-F", "write-floor", "ts-dask"):
         import dask.array  # xarray imports it lazily on first use: an import, not work
         import xarray as xr
@@ -104,9 +121,20 @@ def worker(task: str, reader: str, path: str) -> dict:
     base_rss = _rss_mb()
     result: dict = {}
     t0 = time.perf_counter()
-    if task == "D":
-        if reader.startswith("ours"):
-            ds = xr.open_dataset(path, engine="precomputed", chunks={})
+    c0 = time.process_time()
+    if task == "P":
+        mode, op = reader.split("-")
+        ds = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks=mode)
+        arr = ds[ds.attrs["type"]].data
+        if op == "max":
+            checksum = int(arr.max().compute())
+        else:
+            checksum = int(np.asarray(arr.compute()).view(np.uint8)[::4099].sum())
+        result = {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                  "bytes": int(arr.nbytes), "tasks": int(arr.npartitions), "checksum": checksum}
+    elif task == "D":
+        if reader.startswith("ours"):  # the same (storage) chunks as TensorStore's below
+            ds = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks="chunk")
             arr = ds[ds.attrs["type"]].data
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
@@ -120,8 +148,8 @@ def worker(task: str, reader: str, path: str) -> dict:
         if reader in ("ours", "ours-C"):
             ds = xr.open_dataset(path, engine="precomputed")
             a = ds[ds.attrs["type"]].values
-        elif reader in ("ours-dask", "ours-dask-F"):
-            ds = xr.open_dataset(path, engine="precomputed", chunks={})
+        elif reader in ("ours-dask", "ours-dask-F"):  # storage chunks, as dask-floor's
+            ds = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks="chunk")
             a = ds[ds.attrs["type"]].data.compute()
         elif reader == "ts":
             a = ts.open({"driver": "neuroglancer_precomputed",
@@ -355,7 +383,7 @@ def main() -> None:
     def record(key, r):
         results.setdefault(key, []).append(r)
 
-    server = _latency_server(args.root, args.latency_ms) if {"W5", "W6"} & set(only) else None
+    server = _latency_server(args.root, args.latency_ms) if {"W5", "W6", "P"} & set(only) else None
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
@@ -370,6 +398,14 @@ def main() -> None:
             for vol in dask_vols:
                 for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
                     record(("D", vol, reader), run_one("D", reader, paths[vol]))
+        if "P" in only:
+            for where, url in (("seg", paths["seg"]), ("seg@http", f"{server[1]}/seg")):
+                for op in ("max", "values"):
+                    for mode in ("shard", "chunk"):
+                        _server_counts(server[1])
+                        r = run_one("P", f"{mode}-{op}", url)
+                        r["server"] = _server_counts(server[1])
+                        record(("P", f"{where} {op}", mode), r)
         if "W2" in only:
             for reader in ("ours", "ts", "cv"):
                 record(("W2", "seg", reader), run_one("W2", reader, paths["seg"]))
@@ -487,6 +523,22 @@ def report(results) -> str:
             errs = "".join(_err(results.get((task, vol, r), [])) for r in readers)
             lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}" for r in readers)
                          + f" | {ours / peer:.2f}x | {ours / other:.2f}x{errs}")
+        lines.append("")
+    if any(k[0] == "P" for k in results):
+        lines += ["P preferred chunks, chunks={} | shard s | shard CPU s | chunk s | chunk CPU s | "
+                  "shard / chunk speed | tasks shard / chunk | requests shard / chunk",
+                  "--- | --- | --- | --- | --- | --- | --- | ---"]
+        for case in dict.fromkeys(k[1] for k in results if k[0] == "P"):
+            rs = {m: results.get(("P", case, m), []) for m in ("shard", "chunk")}
+            sec = {m: _med(v, "seconds") for m, v in rs.items()}
+            cpu = {m: _med(v, "cpu") for m, v in rs.items()}
+            req = {m: (statistics.median([x["server"]["requests"] for x in v if "server" in x])
+                       if "@" in case and v else 0) for m, v in rs.items()}
+            lines.append(f"{case} | {sec['shard']:.3f} | {cpu['shard']:.3f} | {sec['chunk']:.3f} | "
+                         f"{cpu['chunk']:.3f} | {sec['chunk'] / sec['shard']:.2f}x | "
+                         f"{_med(rs['shard'], 'tasks'):g} / {_med(rs['chunk'], 'tasks'):g} | "
+                         f"{req['shard']:g} / {req['chunk']:g}"
+                         f"{_err(rs['shard'])}{_err(rs['chunk'])}")
         lines.append("")
     if any(k[0] == "W2" for k in results):
         lines += ["W2 500 random 64³ cutouts | reader | cold s | warm s | requests/cutout cold | warm",

@@ -381,9 +381,22 @@ def test_coordinates_and_metadata(volumes, volume, scale):
     else:
         for k, v in s["sharding"].items():
             assert e["sharding"][k] == v, (k, e["sharding"])
-    assert da.encoding["preferred_chunks"] == {"x": s["chunk_sizes"][0][0],
-                                              "y": s["chunk_sizes"][0][1],
-                                              "z": s["chunk_sizes"][0][2], "channel": 3}
+    # preferred chunks: where a shard file is an aligned box of chunks, that box (TensorStore's
+    # write chunk), clipped to the scale; elsewhere the storage chunk. TensorStore's write chunk
+    # is the whole volume where shard files are not boxes (it then writes everything at once).
+    write = [min(w, n) for w, n in zip(_ts_layout(path, scale).write_chunk.shape, s["size"])]
+    n_files = len(list((path / s["key"]).glob("*.shard")))
+    expected = s["chunk_sizes"][0] if write == s["size"] and n_files > 1 else write
+    assert da.encoding["preferred_chunks"] == dict(zip("xyz", expected), channel=3)
+    chunked = xr.open_dataset(path, engine="precomputed", scale=scale, preferred_chunks="chunk")
+    assert chunked[vtype].encoding["preferred_chunks"] == {
+        "x": s["chunk_sizes"][0][0], "y": s["chunk_sizes"][0][1], "z": s["chunk_sizes"][0][2],
+        "channel": 3}
+
+
+def _ts_layout(path, scale: int):
+    return ts.open({"driver": "neuroglancer_precomputed", "scale_index": scale,
+                    "kvstore": {"driver": "file", "path": str(path)}}).result().chunk_layout
 
 
 def test_scales_line_up_physically(volumes):
@@ -400,9 +413,21 @@ def test_scales_line_up_physically(volumes):
 
 
 def test_chunks_follow_preferred_chunks(volumes):
-    path, _, _ = volumes["raw_sharded"]
+    """chunks={} follows preferred_chunks: on scale 1, whose shard files are 2x2x2 boxes of
+    chunks (TensorStore's write chunk), that box; with preferred_chunks="chunk", and on scale 0
+    (whose shard files are not boxes), the storage chunk."""
+    path, truth, _ = volumes["raw_sharded"]
+    assert tuple(_ts_layout(path, 1).write_chunk.shape) == (16, 16, 16, 3)
+    da = xr.open_dataset(path, engine="precomputed", scale=1, chunks={})["image"]
+    assert da.chunks == ((16, 3), (11,), (16, 3), (3,))
+    np.testing.assert_array_equal(da.values, truth[1])
+    da = xr.open_dataset(path, engine="precomputed", scale=1, chunks={},
+                         preferred_chunks="chunk")["image"]
+    assert da.chunks == ((8, 8, 3), (8, 3), (8, 8, 3), (3,))
+    np.testing.assert_array_equal(da.values, truth[1])
     da = xr.open_dataset(path, engine="precomputed", chunks={})["image"]
     assert da.chunks == ((8, 8, 8, 8, 5), (8, 8, 6), (4, 4, 4, 4, 3), (3,))
+    np.testing.assert_array_equal(da.values, truth[0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ only names dimensions, builds coordinates and attributes, and adapts xarray's in
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Iterable
 
@@ -33,6 +34,15 @@ DIMS = ("x", "y", "z", "channel")
 # Fortran blocks there, in one thread, cost up to 7x the whole read.
 RESULT_ORDER = "F"
 DASK_ORDER = "C"
+# What `preferred_chunks` (and so `chunks={}`) follows on sharded scales: "shard" (the box of
+# chunks one shard file holds, cut down to dask's target chunk size) or "chunk" (the storage
+# chunk). Chosen by measurement (docs/design.md, "Preferred chunks").
+PREFERRED_CHUNKS = "shard"
+# The most bytes of a shard-aligned block read from local storage: below glibc's largest mmap
+# threshold (32 MiB) and our large-result size, a block's memory is reused by the next one; a
+# larger block is fresh pages, whose first touch cost 2.5x the CPU of the reduction using it.
+LOCAL_BLOCK_BYTES = 16 << 20
+_PREFERRED = ("shard", "chunk")
 
 
 class PrecomputedBackendArray(BackendArray):
@@ -92,7 +102,7 @@ def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
     return coords
 
 
-def scale_dataset(reader: ScaleReader) -> xr.Dataset:
+def scale_dataset(reader: ScaleReader, preferred: str | None = None) -> xr.Dataset:
     """One scale as a Dataset. What the data means (volume type, resolution, voxel offset) goes to
     `.attrs`; how it is stored (encoding, chunking, sharding, where) to `.encoding`, which xarray's
     writers do not copy into the files they write."""
@@ -105,17 +115,57 @@ def scale_dataset(reader: ScaleReader) -> xr.Dataset:
     order = DASK_ORDER if chunks_requested() else None
     data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader, order))
     var = xr.Variable(DIMS, data, attrs)
-    var.encoding.update(storage_encoding(reader))
+    var.encoding.update(storage_encoding(reader, preferred))
     ds = xr.Dataset({info.type: var}, coords=_coords(scale, info.num_channels))
     ds.attrs = {"type": info.type}
     ds.encoding = {"source": reader.url, "scale_key": scale.key}
     return ds
 
 
-def storage_encoding(reader: ScaleReader) -> dict[str, Any]:
+def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> tuple[int, ...]:
+    """The x, y, z extent of the dask chunks `chunks={}` gives. "chunk": the storage chunk.
+    "shard": on a scale whose shard files are aligned boxes of chunks, that box, halved along
+    its longest side (whole chunks, so blocks still tile each shard) until it fits the block
+    size: dask's target chunk size (`array.chunk-size`) from a remote store, where a block
+    holding a whole shard is one request; at most LOCAL_BLOCK_BYTES locally, where requests
+    cost nothing and smaller blocks reuse memory (docs/design.md, "Preferred chunks").
+    Elsewhere the storage chunk."""
+    preferred = PREFERRED_CHUNKS if preferred is None else preferred
+    if preferred not in _PREFERRED:
+        raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
+    chunk, size = reader.chunk_size, reader.scale_info.size
+    shard = reader.shard_shape if preferred == "shard" else None
+    if shard is None:
+        return tuple(chunk)
+    cells = [-(-s // c) for s, c in zip(shard, chunk)]
+    voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
+    target = _dask_target_bytes()
+    if not reader.is_remote:
+        target = min(target, LOCAL_BLOCK_BYTES)
+
+    def extent(axis: int) -> int:
+        return min(cells[axis] * chunk[axis], size[axis])
+
+    while math.prod(extent(a) for a in range(3)) * voxel_bytes > target and max(cells) > 1:
+        longest = max((a for a in range(3) if cells[a] > 1), key=extent)
+        cells[longest] = -(-cells[longest] // 2)
+    return tuple(extent(a) for a in range(3))
+
+
+def _dask_target_bytes() -> int:
+    try:
+        import dask.config
+        from dask.utils import parse_bytes
+    except ImportError:  # no dask: chunks= cannot be used anyway
+        return 128 << 20
+    return int(parse_bytes(dask.config.get("array.chunk-size")))
+
+
+def storage_encoding(reader: ScaleReader, preferred: str | None = None) -> dict[str, Any]:
     info, scale = reader.info, reader.scale_info
     enc: dict[str, Any] = {
-        "preferred_chunks": dict(zip(DIMS, (*reader.chunk_size, info.num_channels))),
+        "preferred_chunks": dict(zip(DIMS, (*preferred_chunk_shape(reader, preferred),
+                                            info.num_channels))),
         "dtype": reader.dtype,
         "source": reader.url,
         "scale_key": scale.key,
@@ -155,29 +205,34 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
+                               "preferred_chunks",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
                      fill_missing: bool = True, storage_options: dict | None = None,
                      chunk_size_index: int = 0, info: Any = None,
                      drop_variables: str | Iterable[str] | None = None,
+                     preferred_chunks: str | None = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
         """One scale: `scale=` an index, key or resolution, or `group="s<k>"` (default scale 0).
+        `preferred_chunks` ("shard", the default, or "chunk") is what `chunks={}` follows on a
+        sharded scale: shard-aligned blocks near dask's target size, or storage chunks.
         The decoding arguments are accepted for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
         vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
         which = pick_scale(scale, group, len(vol.info.scales))
-        ds = drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index))),
-                  drop_variables)
+        ds = drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
+                                preferred_chunks), drop_variables)
         warn_if_huge([ds])
         return ds
 
     def open_groups_as_dict(self, filename_or_obj, *, group: str | None = None,
                             fill_missing: bool = True, storage_options: dict | None = None,
                             info: Any = None, drop_variables: str | Iterable[str] | None = None,
+                            preferred_chunks: str | None = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
@@ -192,7 +247,8 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         })
         root.encoding = {"source": vol.url}
         groups = scale_groups(root, range(len(vol.info.scales)),
-                              lambda k: scale_dataset(vol.scale(k)), n_scales=len(vol.info.scales),
+                              lambda k: scale_dataset(vol.scale(k), preferred_chunks),
+                              n_scales=len(vol.info.scales),
                               group=group, drop_variables=drop_variables)
         warn_if_huge(groups.values())
         return groups
@@ -200,12 +256,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     def open_datatree(self, filename_or_obj, *, group: str | None = None,
                       fill_missing: bool = True, storage_options: dict | None = None,
                       info: Any = None, drop_variables: str | Iterable[str] | None = None,
+                      preferred_chunks: str | None = None,
                       mask_and_scale: Any = None, decode_times: Any = None,
                       decode_timedelta: Any = None, use_cftime: Any = None,
                       concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
         return xr.DataTree.from_dict(self.open_groups_as_dict(
             filename_or_obj, group=group, fill_missing=fill_missing,
-            storage_options=storage_options, info=info, drop_variables=drop_variables))
+            storage_options=storage_options, info=info, drop_variables=drop_variables,
+            preferred_chunks=preferred_chunks))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

@@ -160,6 +160,17 @@ class ChunkedScaleReader(ABC):
             self.__dict__["_store"] = (os.getpid(), store)
         return store
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether the scale is read over a network (requests cost a round trip)."""
+        return self.store.batches_reads
+
+    @property
+    def shard_shape(self) -> tuple[int, int, int] | None:
+        """Voxels per axis of the aligned box of chunks one stored file holds, where files are
+        such boxes; None here (a reader that knows its files' shape says so)."""
+        return None
+
     # -- public reads
     def read(self, box: Sequence[slice] | None = None, *, order: str = "C") -> np.ndarray:
         """A box `(slice_x, slice_y, slice_z)` (step 1, 0-based) of every channel, as an

@@ -108,6 +108,16 @@ class ScaleReader(ChunkedScaleReader):
     def _shard_box(self) -> tuple[int, int, int] | None:
         return shard_box(self.scale_info.sharding, self.grid_shape)
 
+    @property
+    def shard_shape(self) -> tuple[int, int, int] | None:
+        """Voxels per axis of the aligned box of chunks one shard file holds (clipped to the
+        scale), or None when shard files are not such boxes (unsharded, or a murmurhash)."""
+        box = self._shard_box
+        if box is None:
+            return None
+        return tuple(min(b * c, n) for b, c, n in  # type: ignore[return-value]
+                     zip(box, self.chunk_size, self.scale_info.size))
+
     def _whole_shard_bytes(self, cells: np.ndarray, members: np.ndarray) -> int | None:
         """The decoded size of the shard holding `members` if they are every chunk it can hold
         (the shard is an aligned box of grid cells, clipped to the grid), else None."""
