@@ -137,12 +137,18 @@ def _read_whole_and_parts(url: str, expected: np.ndarray, **kw) -> None:
     np.testing.assert_array_equal(got, expected[corner])
 
 
+# options only fsspec's HTTPFileSystem takes put the read on FsspecStore instead of HttpStore
+CLIENTS = {"aiohttp": None, "fsspec": {"simple_links": True}}
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
 @pytest.mark.parametrize("kind", list(SHARDINGS))
 @pytest.mark.parametrize("where", ["enc-gzip", "enc-br", "enc-zstd", "static"])
-def test_content_encoded_shards_over_nginx_read_exactly(encoded_shards, where, kind):
+def test_content_encoded_shards_over_nginx_read_exactly(encoded_shards, where, kind, client):
     root, expected = encoded_shards
     with servers.nginx_server(root, locations=_locations()) as srv:
-        _read_whole_and_parts(f"{srv.url}/{where}/{kind}", expected[kind])
+        _read_whole_and_parts(f"{srv.url}/{where}/{kind}", expected[kind],
+                              storage_options=CLIENTS[client])
         shard_gets = [r for r in srv.requests() if r["uri"].endswith(".shard")]
         # ranged answers of encoded bytes are never used as data: every shard file the reads
         # touched was sent whole at least once (asked whole, or ranges ignored by gzip_static)

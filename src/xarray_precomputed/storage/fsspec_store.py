@@ -55,7 +55,8 @@ class FsspecStore(Store):
                         "s3": self._s3_get, "s3a": self._s3_get,
                         "gs": self._gcs_get, "gcs": self._gcs_get}.get(protocol)
         # Ranged reads that see the answer's Content-Encoding (else fsspec's cat_ranges).
-        self._range_getter = {"s3": self._s3_range, "s3a": self._s3_range,
+        self._range_getter = {"http": self._http_range, "https": self._http_range,
+                              "s3": self._s3_range, "s3a": self._s3_range,
                               "gs": self._gcs_range, "gcs": self._gcs_range}.get(protocol)
         self._encoded = EncodedObjects(self.url)
         # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
@@ -130,6 +131,26 @@ class FsspecStore(Store):
             r.raise_for_status()
             body = await r.read()
             return body, r.headers.get("Content-Encoding", "")
+
+    async def _http_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
+        if end <= start:
+            return b""
+        session = await self.fs.set_session()
+        kw = dict(self.fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        url = self.fs.encode_url(path) if hasattr(self.fs, "encode_url") else path
+        async with session.get(url, headers=headers, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(path)
+            if r.status == 416:
+                return b""  # the range starts past the end
+            r.raise_for_status()
+            body = await r.read()
+            enc = r.headers.get("Content-Encoding", "")
+        if is_encoded(enc):
+            return EncodedAnswer(enc)
+        return body  # a whole object (Range ignored) is sliced by read_ranges
 
     async def _s3_get(self, path: str) -> tuple[bytes, str]:
         bucket, key, version = self.fs.split_path(path)
