@@ -227,17 +227,26 @@ def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> t
                                   f"{slab.shape}, expected {(x1 - x0, *expected[1:])}")
             yield ix, slab
 
+    shard = state.shard_sp(coords)
     reader = stored_chunk_reader(scale) if block is None else None
     if reader is not None:
-        data = state.encoder.encode_chunks(scale, region, reader)
+        sink = state.sink(coords)
+        try:
+            stored = state.encoder.encode_chunks(scale, region, reader, sink)
+            if stored:
+                sink.commit()
+        finally:
+            sink.abort()
+        if not stored:
+            sync(shard.delete())
+        rec = sink.record() if stored else record_of(None)
     else:
         data = state.encoder.encode(scale, slabs())
-    shard = state.shard_sp(coords)
-    if data is None:
-        sync(shard.delete())
-    else:
-        sync(shard.set(buffer(data)))
-    rec = record_of(data)
+        if data is None:
+            sync(shard.delete())
+        else:
+            sync(shard.set(buffer(data)))
+        rec = record_of(data)
     put_json(state.marker_sp(coords), rec)
     return scale.name, coords_name(coords), rec, nbytes
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from ..errors import ExportError
 from .plan import ScalePlan
-from .shard_encoder import ShardEncoder
+from .shard_encoder import FileSink, MemorySink, ShardEncoder, ShardSink
 
 __all__ = ["ArrayState", "open_or_create", "finish", "record_of", "coords_name", "STATE_DIR",
            "PLAN_FORMAT"]
@@ -78,6 +79,17 @@ class ArrayState:
 
     def shard_sp(self, coords):
         return self.sp / self.array.metadata.encode_chunk_key(tuple(int(c) for c in coords))
+
+    def sink(self, coords) -> ShardSink:
+        """Where a shard streamed in order goes: straight to its file in a local store (written
+        while it is encoded, never held whole), else collected and stored at the end."""
+        from zarr.storage import LocalStore
+
+        sp = self.shard_sp(coords)
+        store = sp.store
+        if isinstance(store, LocalStore) and not store.read_only:
+            return FileSink(os.path.join(str(store.root), *sp.path.split("/")))
+        return MemorySink(lambda data: sync(sp.set(buffer(data))))
 
     def marker_sp(self, coords):
         return self.state / "done" / coords_name(coords)

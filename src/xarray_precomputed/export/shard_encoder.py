@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import struct
 import sys
+import threading
+import uuid
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
@@ -93,38 +96,42 @@ class ShardEncoder:
                 f.result()
         return self._assemble(encoded)
 
-    def encode_chunks(self, scale: ScalePlan, region, reader) -> bytes | None:
-        """The shard covering `region` (x, y, z slices, chunk-aligned), or None if every inner
-        chunk is empty, from the stored chunks of `reader` (a precomputed scale whose chunk is the
-        inner chunk, see `chunk_source`): each is decoded into the reader's per-thread buffer,
-        whose channels are already C-ordered (z, y, x) inner chunks, and compressed from there."""
+    def encode_chunks(self, scale: ScalePlan, region, reader, sink: "ShardSink") -> bool:
+        """Write the shard covering `region` (x, y, z slices, chunk-aligned) to `sink` from the
+        stored chunks of `reader` (a precomputed scale whose chunk is the inner chunk, see
+        `chunk_source`); False when every inner chunk is empty (nothing written). Each stored
+        chunk is decoded into the reader's per-thread buffer, whose channels are already
+        C-ordered (z, y, x) inner chunks, and compressed from there; the compressed chunks go to
+        the sink in index order as they are ready, so the shard is written while it is encoded."""
         chunk = scale.chunk_xyz
         per = [-(-s // c) for s, c in zip(scale.shard_xyz, chunk)]
         lo = [r.start // c for r, c in zip(region, chunk)]
         hi = [-(-r.stop // c) for r, c in zip(region, chunk)]
-        grid = np.stack(np.meshgrid(*(np.arange(a, b) for a, b in zip(lo, hi)), indexing="ij"),
-                        axis=-1).reshape(-1, 3)
+        # cells in the index's order (x fastest), so that chunks arrive nearly in the order
+        # they are written
+        zyx = np.meshgrid(*(np.arange(a, b) for a, b in zip(lo[::-1], hi[::-1])), indexing="ij")
+        grid = np.stack(zyx[::-1], axis=-1).reshape(-1, 3)
         local = (grid - np.asarray(lo)).tolist()
         nc = scale.nc
-        n = nc * per[0] * per[1] * per[2]
-        encoded: list[bytes | None] = [None] * n
+        flats = [[((c * per[2] + iz) * per[1] + iy) * per[0] + ix for c in range(nc)]
+                 for ix, iy, iz in local]
+        order = ShardOrder(nc * per[0] * per[1] * per[2], [f for fs in flats for f in fs], sink)
         words = f"u{scale.dtype.itemsize}"
 
         def take(i: int, block: np.ndarray | None) -> None:
-            if block is None:
-                return
-            ix, iy, iz = local[i]
             for c in range(nc):
-                inner = block[..., c].T          # C-contiguous (z, y, x): no copy
-                flat = inner.reshape(-1)
-                probe = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(words)
-                if not probe.any():
-                    continue
-                encoded[((c * per[2] + iz) * per[1] + iy) * per[0] + ix] = \
-                    bytes(self.codec.encode(inner)) if self.codec is not None else inner.tobytes()
+                got = None
+                if block is not None:
+                    inner = block[..., c].T          # C-contiguous (z, y, x): no copy
+                    flat = inner.reshape(-1)
+                    probe = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(words)
+                    if probe.any():
+                        got = bytes(self.codec.encode(inner)) if self.codec is not None \
+                            else inner.tobytes()
+                order.put(flats[i][c], got)
 
         reader.for_each_chunk(grid, take)
-        return self._assemble(encoded)
+        return order.finish()
 
     @staticmethod
     def _assemble(encoded: list[bytes | None]) -> bytes | None:
@@ -171,6 +178,134 @@ class ShardEncoder:
         if not chunk.view(f"u{dtype.itemsize}").any():
             return
         out[flat] = bytes(self.codec.encode(chunk)) if self.codec is not None else chunk.tobytes()
+
+
+class ShardSink:
+    """Where the bytes of one shard go, in order: `write` them, then `commit` (the shard is
+    stored whole) or `abort`. Keeps the shard's size and CRC-32 (the resume record)."""
+
+    def __init__(self):
+        self.size = 0
+        self.crc = 0
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self._write(data)
+
+    def record(self) -> list:
+        return [self.size, self.crc & 0xFFFFFFFF]
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        pass
+
+
+class MemorySink(ShardSink):
+    """Collects the shard, for `store(bytes)` at the end (any zarr store)."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.parts: list[bytes] = []
+        self.store = store
+
+    def _write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def commit(self) -> None:
+        self.store(b"".join(self.parts))
+        self.parts = []
+
+
+class FileSink(ShardSink):
+    """Writes the shard to a temporary file beside `path` (named like zarr's own, `*.partial`,
+    so an export's cleanup removes one left by a killed run) and renames it into place."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+        self.tmp = f"{path}.{uuid.uuid4().hex}.partial"
+        self.file = None
+
+    def _write(self, data: bytes) -> None:
+        if self.file is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.file = open(self.tmp, "wb")
+        self.file.write(data)
+
+    def commit(self) -> None:
+        if self.file is None:
+            self._write(b"")
+        assert self.file is not None
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+class ShardOrder:
+    """Inner chunks of one shard arriving in any order (from several threads), passed to a sink
+    in index order as soon as every chunk before them has arrived; then the index and its
+    CRC-32C. Chunks expected but not yet written wait here; indices not in `expected` (cells past
+    the array's edge) are empty."""
+
+    def __init__(self, n: int, expected: list[int], sink: ShardSink):
+        self.index = np.full((n, 2), np.iinfo(np.uint64).max, dtype="<u8")
+        self.coming = np.zeros(n, bool)
+        self.coming[expected] = True
+        self.waiting: dict[int, bytes | None] = {}
+        self.next = 0
+        self.offset = 0
+        self.sink = sink
+        self.lock = threading.Lock()
+        self._advance()
+
+    def _advance(self) -> None:
+        n = len(self.coming)
+        while self.next < n:
+            i = self.next
+            if self.coming[i]:
+                if i not in self.waiting:
+                    return
+                data = self.waiting.pop(i)
+                if data is not None:
+                    self.sink.write(data)
+                    self.index[i] = (self.offset, len(data))
+                    self.offset += len(data)
+            self.next += 1
+
+    def put(self, i: int, data: bytes | None) -> None:
+        """Inner chunk `i` (None when empty: not stored)."""
+        with self.lock:
+            self.waiting[i] = data
+            if i == self.next:
+                self._advance()
+
+    def finish(self) -> bool:
+        """Write the index; False (nothing written) when every inner chunk was empty."""
+        import google_crc32c
+
+        with self.lock:
+            self._advance()
+            if self.next != len(self.coming):
+                raise ExportError(f"shard encoding: inner chunk {self.next} never arrived")
+            if not self.offset:
+                return False
+            ib = self.index.tobytes()
+            self.sink.write(ib)
+            self.sink.write(struct.pack("<I", google_crc32c.value(ib)))
+            return True
 
 
 # Concurrent first use from several dask tasks must make one pool, not one each (the losers'
