@@ -34,6 +34,21 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     out[...] = src[ox:ox + nx, oy:oy + ny, oz:oz + nz]
 
 
+def stored_view(data, *, chunk_shape, dtype, num_channels, chunk) -> np.ndarray | None:
+    """A whole chunk's stored bytes as its (x, y, z, channel) array in Fortran order, without a
+    copy (valid as long as `data`); None where the machine's byte order differs from the stored
+    one (the caller decodes instead)."""
+    dtype = np.dtype(dtype)
+    if not _NATIVE_LITTLE and dtype.itemsize > 1:
+        return None
+    expected = math.prod(chunk_shape) * num_channels * dtype.itemsize
+    if len(data) != expected:
+        raise CorruptChunkError(
+            f"raw chunk is {len(data)} bytes, expected {expected} for shape "
+            f"{list(chunk_shape)} x {num_channels} channel(s) of {dtype.name}", chunk=chunk)
+    return np.frombuffer(data, dtype=dtype).reshape((*chunk_shape, num_channels), order="F")
+
+
 def encode(chunk: np.ndarray) -> bytes:
     """Little-endian Fortran-order bytes of an (x, y, z, channel) array."""
     chunk = np.asarray(chunk)

@@ -10,7 +10,7 @@ import threading
 import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 import numpy as np
 
@@ -125,7 +125,8 @@ class ShardEncoder:
                     inner = block[..., c].T          # C-contiguous (z, y, x): no copy
                     flat = inner.reshape(-1)
                     probe = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(words)
-                    if probe.any():
+                    # most stored chunks hold data at their first or last voxel: no full scan
+                    if probe[0] or probe[-1] or probe.any():
                         got = bytes(self.codec.encode(inner)) if self.codec is not None \
                             else inner.tobytes()
                 order.put(flats[i][c], got)
@@ -230,7 +231,7 @@ class FileSink(ShardSink):
         super().__init__()
         self.path = path
         self.tmp = f"{path}.{uuid.uuid4().hex}.partial"
-        self.file = None
+        self.file: BinaryIO | None = None
 
     def _write(self, data: bytes) -> None:
         if self.file is None:
@@ -269,35 +270,56 @@ class ShardOrder:
         self.offset = 0
         self.sink = sink
         self.lock = threading.Lock()
-        self._advance()
+        self.writing = False
 
-    def _advance(self) -> None:
+    def _ready(self) -> list[tuple[int, bytes | None]]:
+        """Take the chunks that can go to the sink now (under the lock)."""
+        out = []
         n = len(self.coming)
         while self.next < n:
             i = self.next
             if self.coming[i]:
                 if i not in self.waiting:
-                    return
-                data = self.waiting.pop(i)
-                if data is not None:
-                    self.sink.write(data)
-                    self.index[i] = (self.offset, len(data))
-                    self.offset += len(data)
+                    break
+                out.append((i, self.waiting.pop(i)))
             self.next += 1
+        return out
 
     def put(self, i: int, data: bytes | None) -> None:
-        """Inner chunk `i` (None when empty: not stored)."""
+        """Inner chunk `i` (None when empty: not stored). One thread at a time writes, outside
+        the lock, whatever has become writable; the others leave their chunk and go on."""
         with self.lock:
             self.waiting[i] = data
-            if i == self.next:
-                self._advance()
+            if self.writing or i != self.next:
+                return
+            self.writing = True
+        try:
+            while True:
+                with self.lock:
+                    ready = self._ready()
+                    if not ready:
+                        self.writing = False
+                        return
+                for j, d in ready:
+                    if d is not None:
+                        self.sink.write(d)
+                        self.index[j] = (self.offset, len(d))
+                        self.offset += len(d)
+        except BaseException:
+            with self.lock:
+                self.writing = False
+            raise
 
     def finish(self) -> bool:
         """Write the index; False (nothing written) when every inner chunk was empty."""
         import google_crc32c
 
         with self.lock:
-            self._advance()
+            for j, d in self._ready():   # every put has returned: no writer is left
+                if d is not None:
+                    self.sink.write(d)
+                    self.index[j] = (self.offset, len(d))
+                    self.offset += len(d)
             if self.next != len(self.coming):
                 raise ExportError(f"shard encoding: inner chunk {self.next} never arrived")
             if not self.offset:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codecs import get_decoder
+from ..codecs.raw import stored_view
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
@@ -245,8 +246,9 @@ class ScaleReader(ChunkedScaleReader):
         past the volume's edge 0; `fn(i, None)` for a missing chunk (which reads as 0;
         MissingChunkError with fill_missing=False).
 
-        Calls run on the decode pool's threads as chunks arrive, in no set order; `chunk` is a
-        per-thread buffer, valid only during the call. Stored chunks are fetched in batches of
+        Calls run on the decode pool's threads as chunks arrive, in no set order; `chunk` is
+        read-only and valid only during the call (a per-thread buffer, or a whole raw chunk's
+        stored bytes as they are). Stored chunks are fetched in batches of
         bounded size, a few batches ahead, so memory stays near a chunk per decode thread plus
         those batches, however many cells are asked for. The first failure (of a read, a decode
         or `fn`) is raised once nothing is left running."""
@@ -268,6 +270,7 @@ class ScaleReader(ChunkedScaleReader):
                 batches += [((shard, ids, minis, None), members[k:k + per])
                             for k in range(0, len(members), per)]
         shape = (*self.chunk_size, self.info.num_channels)
+        raw = self.scale_info.encoding == "raw"
 
         def fetch(batch):
             return self._fetch(batch[0], batch[1], cells)
@@ -280,12 +283,19 @@ class ScaleReader(ChunkedScaleReader):
                     record_filled(self.url)
                     fn(i, None)
                     continue
+                cell = self._cell_shape(cells[i])
+                if raw and cell == self.chunk_size:
+                    # a whole raw chunk is its stored bytes: handed over as they are
+                    view = stored_view(blob, chunk_shape=cell, dtype=self.dtype,
+                                       num_channels=shape[3], chunk=name)
+                    if view is not None:
+                        fn(i, view)
+                        continue
                 key = (shape, self.dtype)
                 buf = getattr(_chunk_buffers, "buf", None)
                 if buf is None or _chunk_buffers.key != key:
                     buf = _chunk_buffers.buf = np.zeros(shape, self.dtype, order="F")
                     _chunk_buffers.key = key
-                cell = self._cell_shape(cells[i])
                 if cell != self.chunk_size:
                     buf.fill(0)
                 self._decode(blob, buf[:cell[0], :cell[1], :cell[2]], origin=(0, 0, 0),
