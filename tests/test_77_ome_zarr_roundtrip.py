@@ -253,3 +253,18 @@ def test_planning_reads_no_voxels(volumes, monkeypatch):
     tree = xr.open_datatree(path, engine="precomputed")
     plans = collect(tree, scales=None, variable=None, shard_shape=None, max_shard_bytes=1 << 30)
     assert len(plans) == 2 and reads == []
+
+
+def test_own_engines_are_the_entry_points():
+    """A URL is opened with our engine's class (xarray's lookup by name scans every installed
+    distribution): the table must name what pyproject.toml registers."""
+    from importlib.metadata import entry_points
+
+    from xarray_precomputed.export import ome_zarr
+
+    ours = {ep.name: ep.value for ep in entry_points(group="xarray.backends")
+            if ep.value.startswith("xarray_precomputed.")}
+    assert ome_zarr._OWN_ENGINES == ours
+    for name in ours:
+        assert ome_zarr._engine(name).__name__ == ours[name].rpartition(":")[2]
+    assert ome_zarr._engine("zarr") == "zarr"

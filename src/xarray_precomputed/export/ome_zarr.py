@@ -26,6 +26,7 @@ Readers of the Zarr hierarchy ignore that directory (it holds no `zarr.json`).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import os
@@ -93,7 +94,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         import xarray as xr
 
         url = os.fspath(obj)
-        obj = xr.open_datatree(url, engine=engine, **(open_kwargs or {}))
+        obj = xr.open_datatree(url, engine=_engine(engine), **(open_kwargs or {}))
         if name is None:
             name = url.rstrip("/").rsplit("/", 1)[-1]
     if isinstance(scales, (int, np.integer, str)):
@@ -204,6 +205,21 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         reports[name].bytes_stored = nbytes
     report.seconds = time.perf_counter() - t0
     return report
+
+
+# The package's own engines, opened by class: xarray finds an engine named by a string among
+# every installed distribution's entry points, which took ~45 ms per process here (a fifth of
+# converting a 64 MiB volume). The same targets as pyproject.toml's entry points.
+_OWN_ENGINES = {"precomputed": "xarray_precomputed.backends.precomputed:PrecomputedBackendEntrypoint",
+                "dvid_arrow": "xarray_precomputed.backends.dvid_arrow:DvidArrowBackendEntrypoint"}
+
+
+def _engine(engine: Any) -> Any:
+    target = _OWN_ENGINES.get(engine) if isinstance(engine, str) else None
+    if target is None:
+        return engine
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> tuple:

@@ -22,6 +22,7 @@ from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
+from ..util import cpu_pool
 from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, ChunkedScaleReader, Fetched, Lazy, pipeline
 from .missing import record_filled
 from .shard_reader import ShardReader, group_by_shard
@@ -303,7 +304,10 @@ class ScaleReader(ChunkedScaleReader):
                 fn(i, buf)
 
         in_flight = REMOTE_IN_FLIGHT if self.store.batches_reads else LOCAL_CHUNK_BATCHES
-        pipeline(batches, fetch, decode, in_flight=in_flight, part=1)
+        # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
+        # seconds of a conversion, seg and em), and a batch still spreads over every worker.
+        part = max(1, per // (2 * cpu_pool()._max_workers))
+        pipeline(batches, fetch, decode, in_flight=in_flight, part=part)
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,
