@@ -2,7 +2,11 @@
 hand-written TensorStore copy (neuroglancer_precomputed -> zarr3 with the same shards, inner
 chunks and codecs), on the W1 volumes of benchmarks/volumes.py.
 
-    python benchmarks/bench_convert.py [--rounds 3] [--root /tmp/xp-bench]
+    python benchmarks/bench_convert.py [--rounds 3] [--root /tmp/xp-bench] [--large]
+
+`--large` adds the same kinds of volume with 4x the voxels (`seg-x4`, `em-x4`, 1024x1024x256):
+peak memory (the rise of the worker's peak RSS over its RSS before the conversion, in MiB)
+should not grow with the volume, since a conversion holds a few shards at most.
 
 Every measurement runs in a fresh process (imports excluded, opening the source included) and
 writes a fresh output directory; tools alternate within each round; the table reports medians.
@@ -26,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VOLUMES = ("seg", "em")
+LARGE_VOLUMES = ("seg-x4", "em-x4")
 sys.path.insert(0, str(HERE))
 
 
@@ -104,40 +109,45 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--root", default="/tmp/xp-bench")
     ap.add_argument("--worker", nargs=3)
+    ap.add_argument("--large", action="store_true", help="also the 4x volumes (memory check)")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         return
 
-    from volumes import build
+    from volumes import build, build_large
 
     paths = build(Path(args.root))
+    vols = VOLUMES
+    if args.large:
+        paths.update(build_large(Path(args.root)))
+        vols = VOLUMES + LARGE_VOLUMES
     out_root = Path(args.root) / "convert-out"
     out_root.mkdir(exist_ok=True)
     results: dict = {}
-    for vol in VOLUMES:
+    for vol in vols:
         # a warm-up run of ours decides the shards; the TensorStore copy gets the same metadata
         run_one("ours", paths[vol], out_root / f"{vol}-ours.zarr")
         meta = json.loads((out_root / f"{vol}-ours.zarr" / "s0" / "zarr.json").read_text())
         Path(str(paths[vol]) + ".ours-meta.json").write_text(json.dumps(meta))
     for rnd in range(args.rounds):
-        for vol in VOLUMES:
+        for vol in vols:
             for tool in (("ours", "ts") if rnd % 2 == 0 else ("ts", "ours")):
                 r = run_one(tool, paths[vol], out_root / f"{vol}-{tool}.zarr")
                 results.setdefault((vol, tool), []).append(r)
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
-    print(report(results, paths, out_root, args.rounds))
+    print(report(results, paths, out_root, args.rounds, vols))
 
 
-def report(results, paths, out_root, rounds) -> str:
+def report(results, paths, out_root, rounds, vols) -> str:
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
              f"{platform.python_version()}; medians of {rounds} rounds; load average "
              f"{os.getloadavg()[0]:.2f} at the end", "",
-             "conversion to OME-Zarr | tool | MB/s (voxels) | seconds | CPU seconds | peak MiB "
-             "| stored MiB | ratio to TS | matches source",
-             "--- | --- | --- | --- | --- | --- | --- | --- | ---"]
+             "| volume | tool | MB/s (voxels) | seconds | CPU seconds | peak MiB | stored MiB "
+             "| vs TensorStore | matches source |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     names = {"ours": "xarray-precomputed", "ts": "TensorStore copy"}
-    for vol in VOLUMES:
+    for vol in vols:
         rows = {}
         for tool in ("ours", "ts"):
             rs = [r for r in results.get((vol, tool), []) if "error" not in r]
@@ -148,12 +158,12 @@ def report(results, paths, out_root, rounds) -> str:
                               statistics.median(r["peak_mib"] for r in rs), rs[0]["stored"] / 2**20)
             else:
                 errs = [r["error"] for r in results.get((vol, tool), [])]
-                lines.append(f"{vol} | {names[tool]} | error: {errs[:1]} | | | | | |")
+                lines.append(f"| {vol} | {names[tool]} | error: {errs[:1]} | | | | | | |")
         for tool, (rate, secs, cpu, peak, stored) in rows.items():
             ratio = rate / rows["ts"][0] if "ts" in rows else float("nan")
             ok = check(paths[vol], out_root / f"{vol}-{tool}.zarr")
-            lines.append(f"{vol} | {names[tool]} | {rate:.0f} | {secs:.2f} | {cpu:.2f} | "
-                         f"{peak:.0f} | {stored:.1f} | {ratio:.2f}x | {ok}")
+            lines.append(f"| {vol} | {names[tool]} | {rate:.0f} | {secs:.2f} | {cpu:.2f} | "
+                         f"{peak:.0f} | {stored:.1f} | {ratio:.2f}x | {ok} |")
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@
 - `raw-<dtype>-<chunk>`: the raw matrix, 1024×1024×64 of EM-like voxels as uint8 (`u8`), uint8 with
   three channels (`u8x3`), uint16 (`u16`) and uint64 (`u64`), unsharded, in each common chunk
   shape (`RAW_CHUNKS`: 64³, 128×128×32, 256×256×16, 1024×1024×1).
+- `seg-x4`, `em-x4`: the same kinds at 1024×1024×256 (4x the voxels; `build_large`).
 - `mcns`: the male CNS `info` (../shared/data/dvid/mcns-ng-specs.json, 94088×78317×134576 at scale
   0) with one shard of scale 0 written around the middle of the volume.
 """
@@ -125,6 +126,27 @@ def build(root: Path, force: bool = False) -> dict[str, Path]:
             "size": list(SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8], "encoding": "raw"})
     if force or not (paths["mcns"] / "info").exists():
         build_mcns(paths["mcns"])
+    return paths
+
+
+# `seg` and `em` with 4x the voxels (1024x1024x256): the convert benchmark's memory check. The
+# segmentation keeps 256^3-voxel shards (identity hash, 4 more shard bits for 4x the chunks).
+LARGE_SHAPE = (1024, 1024, 256)
+SEG_LARGE_SHARDING = {**SEG_SHARDING, "shard_bits": 4}
+
+
+def build_large(root: Path, force: bool = False) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {"seg-x4": root / "seg-x4", "em-x4": root / "em-x4"}
+    if force or not (paths["seg-x4"] / "info").exists():
+        _ts_write(paths["seg-x4"], fib25_tiles(LARGE_SHAPE, seed=7), "segmentation", {
+            "size": list(LARGE_SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8],
+            "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8],
+            "sharding": SEG_LARGE_SHARDING})
+    if force or not (paths["em-x4"] / "info").exists():
+        _ts_write(paths["em-x4"], em_like(LARGE_SHAPE, seed=8), "image", {
+            "size": list(LARGE_SHAPE), "chunk_size": list(CHUNK), "resolution": [8, 8, 8],
+            "encoding": "raw"})
     return paths
 
 
