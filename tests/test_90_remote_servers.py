@@ -236,3 +236,16 @@ def test_s3_through_xarray_with_storage_options(tree, s3):
     box = _box(local[name].shape)
     sel = ds["image"].isel(x=box[0], y=box[1], z=box[2]).values
     assert np.array_equal(sel, local[name][box])
+
+
+@pytest.mark.parametrize("name", [n for n in DATA_NAMES if n in SHARDED][:1]
+                         + [n for n in DATA_NAMES if n not in SHARDED][:1])
+def test_nginx_convert_to_ome_zarr_streams_stored_chunks(tree, nginx, name, tmp_path):
+    """The exporter's chunk stream over HTTP (batched requests), equal to the local reading as
+    TensorStore reads the OME-Zarr back."""
+    from xarray_precomputed import to_ome_zarr
+
+    _, local = tree
+    to_ome_zarr(f"{nginx.url}/{name}", tmp_path / "o.zarr", progress=False)
+    expected = local[name][..., 0].T if local[name].shape[3] == 1 else local[name].T
+    assert np.array_equal(oracle.ts_zarr(tmp_path / "o.zarr" / "s0"), expected)
