@@ -118,3 +118,39 @@ def test_other_settings_refuse_to_resume_until_overwrite(resumable, tmp_path):
     assert r.written == r.arrays[0].n_shards == 8
     assert_same(ts_zarr(dst / "s0"), zarr_order(d))
     assert zarr.open_array(dst / "s0", mode="r").shards == (2, 8, 32, 32)
+
+
+def test_records_match_the_shards_and_older_crc32_records_still_verify(resumable, tmp_path):
+    """Records hold each shard's size and CRC-32C (streamed shards compute it on the way); a
+    manifest written by an earlier version, with zlib's CRC-32, still verifies: nothing is
+    rewritten. A record matching neither is rewritten."""
+    import zlib
+
+    import google_crc32c
+
+    src, ref, d = resumable
+    dst = tmp_path / "o.zarr"
+    to_ome_zarr(str(src), dst, shard_shape=(16, 16, 8), progress=False)
+    manifest = dst / "s0" / ".xarray_precomputed" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    shards = zarr_shard_files(dst)
+    by_coords = {k.split("/c/")[1].replace("/", "."): p for k, p in shards.items()}
+    stored = {c: r for c, r in m["shards"].items() if r[0] is not None}
+    assert stored and stored.keys() == by_coords.keys()
+    for c, (size, crc) in stored.items():
+        data = by_coords[c].read_bytes()
+        assert size == len(data) and crc == google_crc32c.value(data)
+        m["shards"][c] = [size, zlib.crc32(data)]
+    wrong = sorted(stored)[0]
+    m["shards"][wrong] = [stored[wrong][0], (zlib.crc32(by_coords[wrong].read_bytes()) + 1) % 2**32]
+    manifest.write_text(json.dumps(m))
+    before = {c: p.stat().st_mtime_ns for c, p in by_coords.items()}
+    r = to_ome_zarr(str(src), dst, shard_shape=(16, 16, 8), progress=False)
+    assert r.written == 1 and r.skipped == 31
+    for c, t in before.items():
+        assert (by_coords[c].stat().st_mtime_ns == t) == (c != wrong), c
+    a, b = tree_files(dst), tree_files(ref)
+    assert {k: v for k, v in a.items() if "/c/" in k} == {k: v for k, v in b.items() if "/c/" in k}
+    rewritten = json.loads(manifest.read_text())["shards"][wrong]
+    assert rewritten == [len(by_coords[wrong].read_bytes()),
+                         google_crc32c.value(by_coords[wrong].read_bytes())]

@@ -19,7 +19,7 @@ Modules: `plan` (input scales, array shapes and shards), `ome_metadata`, `shard_
 
 Resumability: each array keeps its conversion state under `<array>/.xarray_precomputed/`
 (a `plan.json` naming the source and the array metadata, one marker per finished shard with the
-shard object's size and CRC-32, consolidated into `manifest.json` when the run completes). A re-run
+shard object's size and CRC-32C, consolidated into `manifest.json` when the run completes). A re-run
 verifies every recorded shard (size + checksum, or size only) and rewrites only the others.
 Readers of the Zarr hierarchy ignore that directory (it holds no `zarr.json`).
 """
@@ -75,7 +75,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         5) or "none".
     overwrite: delete whatever is at `store` first. Otherwise an existing export of the same
         source with the same settings is resumed: recorded shards that verify are kept.
-    verify: how recorded shards are checked on resume: "checksum" (size and CRC-32 of the whole
+    verify: how recorded shards are checked on resume: "checksum" (size and CRC-32C of the whole
         shard object) or "size".
     progress: a progress bar on stderr; default only when stderr is a terminal.
     scheduler / num_workers: passed to `dask.compute` (default: dask's current scheduler, a

@@ -1,6 +1,6 @@
 """Where an export keeps its resume state, beside each array under `<array>/.xarray_precomputed/`:
 `plan.json` (the source and the array's settings: another plan refuses to resume), one marker per
-finished shard (size and CRC-32 of the shard object), consolidated into `manifest.json` when the
+finished shard (size and CRC-32C of the shard object), consolidated into `manifest.json` when the
 run completes. Readers of the Zarr hierarchy ignore the directory (it holds no `zarr.json`)."""
 
 from __future__ import annotations
@@ -61,7 +61,21 @@ def list_keys(store, prefix: str) -> list[str]:
 
 
 def record_of(data: bytes | None) -> list:
-    return [None, 0] if data is None else [len(data), zlib.crc32(data) & 0xFFFFFFFF]
+    """A shard's resume record: [size, CRC-32C] ([None, 0] for no shard). CRC-32C (hardware,
+    ~12 GB/s here) replaced zlib's CRC-32 (~1.2 GB/s: 40 ms of a 200 ms conversion of `em`);
+    records written before still verify (`matches`)."""
+    import google_crc32c
+
+    return [None, 0] if data is None else [len(data), google_crc32c.value(data)]
+
+
+def matches(data: bytes | None, record) -> bool:
+    """Whether stored shard bytes are what `record` says (a CRC-32C record, or the zlib CRC-32
+    of records written by earlier versions)."""
+    record = list(record)
+    if record_of(data) == record:
+        return True
+    return data is not None and record[0] == len(data) and zlib.crc32(data) == record[1]
 
 
 def coords_name(coords: Sequence[int]) -> str:
@@ -104,7 +118,7 @@ class ArrayState:
                     return None
             n = sync(size())
             return n == record[0]
-        return record_of(get_bytes(sp)) == list(record)
+        return matches(get_bytes(sp), record)
 
     def recorded(self) -> dict[str, list]:
         shards: dict[str, list] = {}

@@ -8,7 +8,6 @@ import struct
 import sys
 import threading
 import uuid
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Iterable
 
@@ -183,19 +182,22 @@ class ShardEncoder:
 
 class ShardSink:
     """Where the bytes of one shard go, in order: `write` them, then `commit` (the shard is
-    stored whole) or `abort`. Keeps the shard's size and CRC-32 (the resume record)."""
+    stored whole) or `abort`. Keeps the shard's size and CRC-32C (the resume record)."""
 
     def __init__(self):
         self.size = 0
         self.crc = 0
 
     def write(self, data: bytes) -> None:
+        import google_crc32c  # with zarr, which needs it
+
         self.size += len(data)
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = google_crc32c.extend(self.crc, data)
         self._write(data)
 
     def record(self) -> list:
-        return [self.size, self.crc & 0xFFFFFFFF]
+        """As `resume_state.record_of` the whole shard."""
+        return [self.size, self.crc]
 
     def _write(self, data: bytes) -> None:
         raise NotImplementedError
