@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 
 from ..errors import DependencyError, PermissionDeniedError, StorageError
 from .base import Store, coalesce, request_counts, split_merged
+from .bodies import MAX_BODY_BYTES, body_bound, read_response, too_large
 from .encoded_objects import EncodedAnswer, EncodedObjects
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .retry import retry_each, status_of, with_retries
@@ -68,6 +69,8 @@ class FsspecStore(Store):
         return f"{self.root}/{key}" if key else self.root
 
     def _fail(self, key: str, e: BaseException) -> StorageError:
+        if isinstance(e, StorageError):  # already ours (a body past its bound, ...)
+            return e
         status = status_of(e)
         if isinstance(e, PermissionError) or status in (401, 403):
             return PermissionDeniedError(f"access refused ({status or e})", url=self.describe(key))
@@ -84,7 +87,8 @@ class FsspecStore(Store):
         request_counts["read"] += len(keys)
         paths = [self._path(k) for k in keys]
         try:
-            got = retry_each(len(keys), lambda todo: self._cat_files([paths[i] for i in todo]))
+            got = retry_each(len(keys),
+                             lambda todo: self._cat_files([paths[i] for i in todo], limit))
         except Exception as e:  # the batch as a whole failed (the event loop, a time-out)
             raise self._fail(keys[0], e) from e
         out: list[bytes | None] = []
@@ -100,8 +104,10 @@ class FsspecStore(Store):
                 out.append(v)
         return out
 
-    def _cat_files(self, paths: list[str]) -> list:
-        """Each path's bytes (or (bytes, Content-Encoding)) or the exception reading it raised."""
+    def _cat_files(self, paths: list[str], limit: int | None = None) -> list:
+        """Each path's bytes (or (bytes, Content-Encoding)) or the exception reading it raised;
+        bodies are refused past the bound that `limit` (the decoded size) sets, where this store
+        reads them itself."""
         if not getattr(self.fs, "async_impl", False):
             out = []
             for p in paths:
@@ -112,14 +118,18 @@ class FsspecStore(Store):
             return out
         from fsspec.asyn import sync
 
-        get = self._getter or self.fs._cat_file
+        bound = body_bound(limit, True)
+        if self._getter is not None:
+            calls = [self._getter(p, bound) for p in paths]
+        else:
+            calls = [self.fs._cat_file(p) for p in paths]
 
         async def gather():
-            return await asyncio.gather(*(get(p) for p in paths), return_exceptions=True)
+            return await asyncio.gather(*calls, return_exceptions=True)
 
         return sync(self.fs.loop, gather)
 
-    async def _http_get(self, path: str) -> tuple[bytes, str]:
+    async def _http_get(self, path: str, bound: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
         session = await self.fs.set_session()
         kw = dict(self.fs.kwargs)
         headers = dict(kw.pop("headers", None) or {})
@@ -129,7 +139,7 @@ class FsspecStore(Store):
             if r.status == 404:
                 raise FileNotFoundError(path)
             r.raise_for_status()
-            body = await r.read()
+            body = await read_response(r, bound, path)
             return body, r.headers.get("Content-Encoding", "")
 
     async def _http_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
@@ -146,21 +156,18 @@ class FsspecStore(Store):
             if r.status == 416:
                 return b""  # the range starts past the end
             r.raise_for_status()
-            body = await r.read()
+            body = await read_response(r, end - start if r.status == 206 else MAX_BODY_BYTES,
+                                       path)
             enc = r.headers.get("Content-Encoding", "")
         if is_encoded(enc):
             return EncodedAnswer(enc)
         return body  # a whole object (Range ignored) is sliced by read_ranges
 
-    async def _s3_get(self, path: str) -> tuple[bytes, str]:
+    async def _s3_get(self, path: str, bound: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
         bucket, key, version = self.fs.split_path(path)
         extra = {"VersionId": version} if version else {}
         resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
-        body = resp["Body"]
-        try:
-            data = await body.read()
-        finally:
-            body.close()
+        data = await _s3_body(resp, bound, f"s3://{path}")
         return data, resp.get("ContentEncoding") or ""
 
     async def _s3_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
@@ -175,16 +182,13 @@ class FsspecStore(Store):
             if e.errno == errno.EINVAL and "range" in str(e).lower():
                 return b""  # InvalidRange: the range starts past the end
             raise
-        body = resp["Body"]
-        try:
-            data = await body.read()
-        finally:
-            body.close()
+        data = await _s3_body(resp, end - start, f"s3://{path}")
         if is_encoded(resp.get("ContentEncoding")):
             return EncodedAnswer(resp["ContentEncoding"])
         return data
 
-    async def _gcs_request(self, path: str, start: int | None = None, end: int | None = None):
+    async def _gcs_request(self, path: str, start: int | None = None, end: int | None = None,
+                           bound: int = MAX_BODY_BYTES):
         """(status, body, Content-Encoding) of a GET of the object's media through gcsfs's
         session and credentials, with aiohttp's own decompression off: GCS serves an object
         stored with a Content-Encoding as stored to a client that accepts that coding (ranges
@@ -200,7 +204,11 @@ class FsspecStore(Store):
         async with fs.session.get(fs.url(path), params=fs._get_params({}),
                                   headers=fs._get_headers(headers), auto_decompress=False,
                                   timeout=fs.requests_timeout) as r:
-            body = await r.read()
+            if r.status == 206 and end is not None and start is not None:
+                bound = end - start
+            elif start is not None:  # a whole answer to a range
+                bound = MAX_BODY_BYTES
+            body = await read_response(r, bound, f"gs://{path}")
             status, enc = r.status, r.headers.get("Content-Encoding", "")
         if status == 416 and start is not None:
             return status, b"", ""
@@ -213,8 +221,8 @@ class FsspecStore(Store):
             raise StorageError(f"HTTP {status}", url=f"gs://{path}")
         return status, body, enc
 
-    async def _gcs_get(self, path: str) -> tuple[bytes, str]:
-        _, body, enc = await self._gcs_request(path)
+    async def _gcs_get(self, path: str, bound: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
+        _, body, enc = await self._gcs_request(path, bound=bound)
         return body, enc
 
     async def _gcs_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
@@ -375,3 +383,18 @@ def _has_s3_credentials(options: dict) -> bool:
     except ImportError:
         return True  # s3fs is missing too: let it say so
     return botocore.session.get_session().get_credentials() is not None
+
+
+async def _s3_body(resp: dict, bound: int, where: str) -> bytes:
+    """A get_object answer's body, refused past `bound` bytes by its ContentLength (S3 always
+    sends one; the body is then read to exactly that length)."""
+    length = resp.get("ContentLength")
+    body = resp["Body"]
+    try:
+        if length is None:
+            raise StorageError("the answer has no ContentLength", url=where)
+        if length > bound:
+            raise too_large(length, bound, where)
+        return await body.read()
+    finally:
+        body.close()

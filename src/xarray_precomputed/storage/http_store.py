@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
 from .base import Store, coalesce, request_counts, split_merged
+from .bodies import MAX_BODY_BYTES, body_bound, read_response
 from .encoded_objects import EncodedAnswer, EncodedObjects
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
@@ -162,7 +163,14 @@ class HttpStore(Store):
             if r.status not in (200, 206):
                 raise HTTPStatusError(r.status, r.reason or "")
             enc = r.headers.get("Content-Encoding")
-            body = await r.read()  # read even when of no use below: the connection is kept
+            if start is not None and r.status == 206:
+                bound = MAX_BODY_BYTES if end is None else end - start
+            elif start is None:
+                bound = body_bound(limit, is_encoded(enc), self.max_decoded_bytes)
+            else:  # the server ignored Range: the whole object
+                bound = self.max_decoded_bytes
+            # read even when of no use below: the connection is kept
+            body = await read_response(r, bound, self.describe(key))
         if start is not None and r.status == 206 and is_encoded(enc):
             return EncodedAnswer(enc or "")
         if enc:
@@ -172,9 +180,6 @@ class HttpStore(Store):
             if is_encoded(enc):  # decoded once, kept for the object's other ranges
                 self._encoded.keep(key, body)
             body = body[start:end]
-        elif end is not None and start is not None and len(body) > end - start:
-            raise StorageError(f"asked for bytes [{start}, {end}), the server sent {len(body)}",
-                               url=self.describe(key))
         return body
 
     async def _gather(self, calls) -> list:
