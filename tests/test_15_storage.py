@@ -214,9 +214,9 @@ def test_http_batch_that_fails_as_a_whole_is_retried_or_reported(volumes, monkey
         cls, method, options = storage.FsspecStore, "_cat_files", {"simple_links": True}
         real = cls._cat_files
 
-        def flaky(self, paths):
+        def flaky(self, paths, limit=None):
             fail()
-            return real(self, paths)
+            return real(self, paths, limit)
     else:
         cls, method, options = http_store.HttpStore, "_gather", None
         real_gather = cls._gather
