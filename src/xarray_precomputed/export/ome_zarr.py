@@ -79,9 +79,11 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         shard object) or "size".
     progress: a progress bar on stderr; default only when stderr is a terminal.
     scheduler / num_workers: passed to `dask.compute` (default: dask's current scheduler, a
-        distributed Client when one is active). One task writes one whole shard; it reads the
-        source one inner-chunk column (along x) at a time and holds at most two such columns
-        plus the shard's compressed bytes.
+        distributed Client when one is active). One task writes one whole shard: from a whole
+        precomputed scale it streams the stored chunks (a few batches of them in memory, the
+        shard written to a local store while it is encoded); from other input it reads one
+        inner-chunk column (along x) at a time and holds at most two such columns plus the
+        shard's compressed bytes.
     """
     import dask
     import zarr
