@@ -105,14 +105,19 @@ def test_cells_outside_the_grid_and_failures_of_the_callback(oracle_volume):
         r.for_each_chunk(all_cells(r), fail)
 
 
-@pytest.mark.parametrize("sharded", [False, True])
-def test_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch, sharded):
-    """Fetched chunks wait for the decoders in at most LOCAL_CHUNK_BATCHES batches, whatever the
-    number of cells: memory is bounded by the batch size, not by the volume."""
+def _grid_volume(tmp_path, **kw):
     data = oracle.make_data((64, 32, 32, 1), "uint8", 3)
-    kw = dict(sharding=oracle.SHARD_ID_RAW_RAW) if sharded else {}
     oracle.write_volume(tmp_path / "v", data, chunk_size=(4, 4, 4), **kw)
     r = Volume.open(str(tmp_path / "v")).scale(0)
+    cells = all_cells(r)
+    assert len(cells) == 1024
+    return r, cells
+
+
+def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch):
+    """Fetched chunks wait for the decoders in at most LOCAL_CHUNK_BATCHES batches, whatever the
+    number of cells: memory is bounded by the batch size, not by the volume."""
+    r, cells = _grid_volume(tmp_path, sharding=oracle.SHARD_ID_RAW_RAW)
     monkeypatch.setattr(base_mod, "REMOTE_BATCH_BYTES", 8 * 4 ** 3)   # 8 chunks per batch
     held = [0, 0]   # now, most
     lock = threading.Lock()
@@ -131,8 +136,72 @@ def test_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch,
             held[0] -= 1
 
     r._fetch = counting_fetch
-    cells = all_cells(r)
-    assert len(cells) == 1024
     r.for_each_chunk(cells, take)
     assert held[0] == 0
     assert 8 <= held[1] <= volume_mod.LOCAL_CHUNK_BATCHES * 8
+
+
+def test_unsharded_local_chunks_are_read_one_per_task(tmp_path):
+    """Local chunk files: each read goes into the store's per-thread buffer and is consumed from
+    there, so no more chunks are held than there are decode threads, and the tasks waiting are
+    bounded too (`bounded_map`)."""
+    from xarray_precomputed.util import cpu_pool
+
+    r, cells = _grid_volume(tmp_path)
+    store = r.store
+    held = [0, 0]
+    lock = threading.Lock()
+    read_with = store.read_with
+
+    def counting_read_with(key, consume, **kw):
+        def counted(blob):
+            with lock:
+                held[0] += 1
+                held[1] = max(held)
+            try:
+                return consume(blob)
+            finally:
+                with lock:
+                    held[0] -= 1
+        return read_with(key, counted, **kw)
+
+    store.read_with = counting_read_with
+    try:
+        r.for_each_chunk(cells, lambda i, chunk: time.sleep(0.0002))
+    finally:
+        del store.read_with
+    assert 1 <= held[1] <= cpu_pool()._max_workers and held[0] == 0
+
+
+def test_bounded_map_keeps_at_most_window_tasks_and_raises_the_first_failure():
+    from concurrent.futures import ThreadPoolExecutor
+
+    outstanding = [0, 0]
+    lock = threading.Lock()
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, *a):
+            with lock:
+                outstanding[0] += 1
+                outstanding[1] = max(outstanding)
+
+            def run():
+                try:
+                    return fn(*a)
+                finally:
+                    with lock:
+                        outstanding[0] -= 1
+            return super().submit(run)
+
+    done = []
+    with Counting(4) as pool:
+        base_mod.bounded_map(pool, lambda i: (time.sleep(0.001), done.append(i)), range(200),
+                             window=6)
+        assert sorted(done) == list(range(200)) and outstanding[1] <= 6
+
+        def fail(i):
+            if i == 50:
+                raise KeyError(i)
+        with pytest.raises(KeyError):
+            base_mod.bounded_map(pool, fail, range(10 ** 6), window=6)
+        assert outstanding[0] == 0   # nothing left running behind the failure

@@ -338,6 +338,23 @@ def pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
 _END = object()
 
 
+def bounded_map(pool, fn, items, *, window: int) -> None:
+    """`fn(item)` for every item on `pool`, at most `window` submitted and not yet finished (so
+    a long run of items holds few futures). The first failure is raised once nothing is left
+    running."""
+    pending: set[Future] = set()
+    try:
+        for item in items:
+            pending.add(pool.submit(fn, item))
+            if len(pending) >= window:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    f.result()
+        wait_all(list(pending))
+    finally:
+        settle(list(pending))
+
+
 def dest_index(job) -> tuple:
     """Where one grid cell's voxels go in the result: slices, or an open mesh of indices."""
     if all(isinstance(p.dest, slice) for p in job):

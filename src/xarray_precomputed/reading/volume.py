@@ -23,7 +23,15 @@ from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
 from ..util import cpu_pool
-from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, ChunkedScaleReader, Fetched, Lazy, pipeline
+from .base import (
+    REMOTE_BATCH_BYTES,
+    REMOTE_IN_FLIGHT,
+    ChunkedScaleReader,
+    Fetched,
+    Lazy,
+    bounded_map,
+    pipeline,
+)
 from .missing import record_filled
 from .shard_reader import ShardReader, group_by_shard
 
@@ -303,6 +311,25 @@ class ScaleReader(ChunkedScaleReader):
                              chunk_shape=cell, chunk=name, stream=False)
                 fn(i, buf)
 
+        if sharding is None and not self.store.batches_reads:
+            # Local chunk files: each task reads one into the store's reused, aligned per-thread
+            # buffer and decodes (or hands over) from there — no fresh buffer per chunk, no hop
+            # between threads (em's conversion: 12% of its samples were reading into fresh bytes).
+            def one(i: int) -> None:
+                name = Lazy(self._describe_unsharded, cells[i])
+
+                def consume(blob) -> bool:
+                    decode([(i, blob, name)])
+                    return True
+
+                got = self.store.read_with(self._unsharded_key(cells[i]), consume,
+                                           limit=self._max_stored_bytes())
+                if got is None:
+                    decode([(i, None, Lazy(self._describe_missing, cells[i]))])
+
+            bounded_map(cpu_pool(), one, range(len(cells)),
+                        window=LOCAL_CHUNK_BATCHES * cpu_pool()._max_workers)
+            return
         in_flight = REMOTE_IN_FLIGHT if self.store.batches_reads else LOCAL_CHUNK_BATCHES
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
         # seconds of a conversion, seg and em), and a batch still spreads over every worker.
