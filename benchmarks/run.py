@@ -19,8 +19,9 @@ W1  full read of each volume: ours via `.values` and via dask `chunks={}` at the
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
-W4  dask.distributed LocalCluster, 2 worker processes, W1's sharded volume: GB/s and the storage
-    requests each worker made.
+W4  dask.distributed LocalCluster, 2 worker processes of 1 thread, W1's sharded volume: GB/s of
+    a whole `.compute()` and of a `.max()` (warm, median of 3) against the same `.max()` with
+    dask's threads (2) in another process; the storage requests each worker made.
 R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, uint64, each in
     64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
     stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
@@ -32,6 +33,8 @@ P   preferred chunks on the sharded volume (seg), `chunks={}` with `preferred_ch
     (shard-aligned dask blocks, at most dask's `array.chunk-size`) against `"chunk"` (the
     storage chunk): `.max()` and `.values`, read locally and over the 20 ms server (`seg@http`);
     seconds, CPU seconds of the process, and the requests the server answered.
+M   `map_blocks`: as D, with `arr.map_blocks(lambda b: b.astype(np.float32) * 2).sum()` (a
+    per-block conversion, then a reduction of its results) instead of `.max()`.
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
     (`latency_server.py`: an object store's latency without its bandwidth limit): ours `.values`,
     TensorStore, CloudVolume.
@@ -89,7 +92,8 @@ def worker(task: str, reader: str, path: str) -> dict:
 
         import xarray_precomputed.backends.precomputed
         import xarray_precomputed.storage.http_store  # noqa: F401
-    if reader.startswith("ours") or reader in ("dask-floor", "dask-floor-F", "write-floor", "ts-dask"):
+    if reader.startswith("ours") or reader in ("dask-floor", "dask-floor-F", "write-floor", "ts-dask",
+                                               "threads"):
         import dask.array  # xarray imports it lazily on first use: an import, not work
         import xarray as xr
 
@@ -132,7 +136,7 @@ def worker(task: str, reader: str, path: str) -> dict:
             checksum = int(np.asarray(arr.compute()).view(np.uint8)[::4099].sum())
         result = {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                   "bytes": int(arr.nbytes), "tasks": int(arr.npartitions), "checksum": checksum}
-    elif task == "D":
+    elif task in ("D", "M"):
         if reader.startswith("ours"):  # the same (storage) chunks as TensorStore's below
             ds = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks="chunk")
             arr = ds[ds.attrs["type"]].data
@@ -141,9 +145,12 @@ def worker(task: str, reader: str, path: str) -> dict:
                          "kvstore": {"driver": "file", "path": path}}).result()
             chunks = (*t.chunk_layout.read_chunk.shape[:3], t.shape[3])
             arr = dask.array.from_array(_TsArray(t), chunks=chunks)
-        m = arr.max().compute()
-        result = {"seconds": time.perf_counter() - t0, "bytes": int(arr.nbytes),
-                  "checksum": int(m)}
+        if task == "D":
+            m = int(arr.max().compute())
+        else:  # a per-block computation, then a reduction of its results
+            m = float(arr.map_blocks(_scaled, dtype=np.float32).sum(dtype=np.float64).compute())
+        result = {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                  "bytes": int(arr.nbytes), "checksum": m}
     elif task in ("W1", "R"):
         if reader in ("ours", "ours-C"):
             ds = xr.open_dataset(path, engine="precomputed")
@@ -256,22 +263,44 @@ def worker(task: str, reader: str, path: str) -> dict:
         result = {"seconds": time.perf_counter() - t0, "nonzero": int(np.count_nonzero(a)),
                   "checksum": int(np.asarray(a).sum() % (1 << 61))}
     elif task == "W4":
-        from dask.distributed import Client, LocalCluster
+        # The same reduction with dask's threads and on a LocalCluster of worker processes, on
+        # the same 2 cores (2 threads; 2 processes of 1 thread): warm (after a first compute,
+        # which fetches the indices), median of 3.
+        def reductions(var, **kw):
+            times = []
+            for _ in range(3):
+                t1 = time.perf_counter()
+                var.data.max().compute(**kw)  # the same reads, with only a scalar sent back
+                times.append(time.perf_counter() - t1)
+            return statistics.median(times)
 
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
-            t0 = time.perf_counter()
+        if reader == "threads":
             ds = xr.open_dataset(path, engine="precomputed", chunks={})
             var = ds[ds.attrs["type"]]
-            a = var.data.compute()
-            dt = time.perf_counter() - t0
-            counts = client.run(_worker_counts)
-            t1 = time.perf_counter()
-            var.data.max().compute()  # the same reads, with only a scalar sent back
-            dt_reduce = time.perf_counter() - t1
-        result = {"seconds": dt, "reduce_seconds": dt_reduce, "bytes": int(a.nbytes),
-                  "requests": counts}
+            var.data.max().compute(scheduler="threads")
+            result = {"reduce_seconds": reductions(var, scheduler="threads"),
+                      "bytes": int(var.nbytes), "tasks": int(var.data.npartitions)}
+        else:
+            from dask.distributed import Client, LocalCluster
+
+            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                t0 = time.perf_counter()
+                ds = xr.open_dataset(path, engine="precomputed", chunks={})
+                var = ds[ds.attrs["type"]]
+                a = var.data.compute()
+                dt = time.perf_counter() - t0
+                counts = client.run(_worker_counts)
+                result = {"seconds": dt, "reduce_seconds": reductions(var), "bytes": int(a.nbytes),
+                          "tasks": int(var.data.npartitions), "requests": counts}
     return result
+
+
+def _scaled(block):
+    """M's per-block work: what an analysis typically does first (convert, rescale)."""
+    import numpy as np
+
+    return block.astype(np.float32) * 2
 
 
 class _TsArray:
@@ -356,7 +385,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", default="/tmp/xp-bench")
-    ap.add_argument("--only", default="W1,R,D,W2,W3,W4,W5,W6,WRITE,CONVERT")
+    ap.add_argument("--only", default="W1,R,D,M,P,W2,W3,W4,W5,W6,WRITE,CONVERT")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--no-docs", action="store_true",
@@ -374,7 +403,7 @@ def main() -> None:
     paths = build(Path(args.root)) if set(only) - {"W6"} else {}
     if "W6" in only:
         build_remote(Path(args.root) / "remote")
-    if "R" in only or "D" in only:
+    if {"R", "D", "M"} & set(only):
         paths.update(build_raw(Path(args.root)))
     raw_vols = [raw_name(d, c) for d in RAW_DTYPES for c in RAW_CHUNKS]
     dask_vols = ["seg", "em", *(raw_name(d, "128x32") for d in RAW_DTYPES)]
@@ -398,6 +427,10 @@ def main() -> None:
             for vol in dask_vols:
                 for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
                     record(("D", vol, reader), run_one("D", reader, paths[vol]))
+        if "M" in only:
+            for vol in dask_vols:
+                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
+                    record(("M", vol, reader), run_one("M", reader, paths[vol]))
         if "P" in only:
             for where, url in (("seg", paths["seg"]), ("seg@http", f"{server[1]}/seg")):
                 for op in ("max", "values"):
@@ -413,7 +446,8 @@ def main() -> None:
             for reader in ("ours", "ours-numpy", "ts", "cv"):
                 record(("W3", "mcns", reader), run_one("W3", reader, paths["mcns"]))
         if "W4" in only and rnd < 2:
-            record(("W4", "seg", "ours"), run_one("W4", "ours", paths["seg"]))
+            for reader in ("ours", "threads"):
+                record(("W4", "seg", reader), run_one("W4", reader, paths["seg"]))
         if "W5" in only:
             for vol in ("seg", "em"):
                 for reader in ("ours", "ts", "cv"):
@@ -508,7 +542,9 @@ def report(results) -> str:
         lines.append("")
     for task, title, readers, peers in (
             ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
-            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",)),
+            ("M", "M dask chunks={} map_blocks(float32 * 2).sum()",
+             ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
         vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
         if not vols:
             continue
@@ -560,13 +596,19 @@ def report(results) -> str:
         lines.append("")
     if ("W4", "seg", "ours") in results:
         rs = results[("W4", "seg", "ours")]
-        lines += ["W4 LocalCluster(2 processes) | GB/s to the client | GB/s read in a reduction | "
-                  "storage requests per worker (first compute)", "--- | --- | --- | ---"]
+        th = results.get(("W4", "seg", "threads"), [])
+        lines += ["W4 seg, chunks={} | LocalCluster (2 processes x 1 thread) | threads (2) | "
+                  "cluster / threads", "--- | --- | --- | ---"]
         reqs = [r.get("requests") for r in rs if "requests" in r]
         nbytes = _med(rs, "bytes")
-        lines.append(f"seg | {nbytes / _med(rs, 'seconds') / 1e9:.2f} | "
-                     f"{nbytes / _med(rs, 'reduce_seconds') / 1e9:.2f} | {reqs[-1] if reqs else '?'}"
-                     f"{_err(rs)}")
+        red, red_t = _med(rs, "reduce_seconds"), _med(th, "reduce_seconds")
+        lines.append(f"GB/s read in a reduction (`.max()`, warm, {_med(rs, 'tasks'):g} tasks) | "
+                     f"{nbytes / red / 1e9:.2f} | {nbytes / red_t / 1e9:.2f} | {red_t / red:.2f}x"
+                     f"{_err(rs)}{_err(th)}")
+        lines.append(f"GB/s delivered to the client (`.compute()`, first) | "
+                     f"{nbytes / _med(rs, 'seconds') / 1e9:.2f} | | ")
+        lines.append(f"storage requests per worker (first compute) | {reqs[-1] if reqs else '?'} | | ")
+        lines.append("")
     if any(k[0] == "W5" for k in results):
         lines += ["W5 full read over HTTP, 20 ms per request | reader | GB/s | ratio to faster peer",
                   "--- | --- | --- | ---"]
