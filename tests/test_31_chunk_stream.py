@@ -14,7 +14,6 @@ import pytest
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import MissingChunkError, PrecomputedError
 from xarray_precomputed.reading import base as base_mod
-from xarray_precomputed.reading import volume as volume_mod
 
 SCALES = [pytest.param(n, k, id=f"{n}-s{k}")
           for n, k in oracle.scale_cases(oracle.names(exclude=("missing",)))]
@@ -115,8 +114,10 @@ def _grid_volume(tmp_path, **kw):
 
 
 def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch):
-    """Fetched chunks wait for the decoders in at most LOCAL_CHUNK_BATCHES batches, whatever the
-    number of cells: memory is bounded by the batch size, not by the volume."""
+    """Fetched chunks of local shards are held in at most one batch per decode thread plus one,
+    whatever the number of cells: memory is bounded by the batch size, not by the volume."""
+    from xarray_precomputed.util import cpu_pool
+
     r, cells = _grid_volume(tmp_path, sharding=oracle.SHARD_ID_RAW_RAW)
     monkeypatch.setattr(base_mod, "REMOTE_BATCH_BYTES", 8 * 4 ** 3)   # 8 chunks per batch
     held = [0, 0]   # now, most
@@ -138,7 +139,7 @@ def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monk
     r._fetch = counting_fetch
     r.for_each_chunk(cells, take)
     assert held[0] == 0
-    assert 8 <= held[1] <= volume_mod.LOCAL_CHUNK_BATCHES * 8
+    assert 8 <= held[1] <= (cpu_pool()._max_workers + 1) * 8
 
 
 def test_unsharded_local_chunks_are_read_one_per_task(tmp_path):

@@ -40,8 +40,8 @@ from .shard_reader import ShardReader, group_by_shard
 # size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
 WHOLE_SHARD_MAX_BYTES = 256 << 20
 
-# Batches of stored chunks a local `for_each_chunk` reads ahead of the decoders (remote: as many
-# as a remote read keeps in flight).
+# Tasks per decode thread a local unsharded `for_each_chunk` keeps submitted (remote reads keep
+# as many batches in flight as a remote read does).
 LOCAL_CHUNK_BATCHES = 2
 _chunk_buffers = threading.local()
 
@@ -257,9 +257,9 @@ class ScaleReader(ChunkedScaleReader):
 
         Calls run on the decode pool's threads as chunks arrive, in no set order; `chunk` is
         read-only and valid only during the call (a per-thread buffer, or a whole raw chunk's
-        stored bytes as they are). Stored chunks are fetched in batches of
-        bounded size, a few batches ahead, so memory stays near a chunk per decode thread plus
-        those batches, however many cells are asked for. The first failure (of a read, a decode
+        stored bytes as they are). Stored chunks are fetched one by one (local chunk files) or
+        in batches of bounded size, a few batches ahead, so memory stays near a chunk per decode
+        thread plus those batches, however many cells are asked for. The first failure (of a read, a decode
         or `fn`) is raised once nothing is left running."""
         cells = np.asarray(cells, dtype=np.int64).reshape(-1, 3)
         grid = np.asarray(self.grid_shape, dtype=np.int64)
@@ -267,6 +267,9 @@ class ScaleReader(ChunkedScaleReader):
             raise PrecomputedError(f"grid cells outside the grid {tuple(self.grid_shape)} of "
                                    f"scale {self.scale_info.key!r}")
         per = self._remote_batch(len(cells), spread=False)
+        if not self.store.batches_reads:
+            # enough batches for every decode thread, twice over
+            per = max(1, min(per, -(-len(cells) // (2 * cpu_pool()._max_workers))))
         sharding = self.scale_info.sharding
         batches: list[tuple[Any, np.ndarray]] = []
         if sharding is None:
@@ -330,7 +333,17 @@ class ScaleReader(ChunkedScaleReader):
             bounded_map(cpu_pool(), one, range(len(cells)),
                         window=LOCAL_CHUNK_BATCHES * cpu_pool()._max_workers)
             return
-        in_flight = REMOTE_IN_FLIGHT if self.store.batches_reads else LOCAL_CHUNK_BATCHES
+        if not self.store.batches_reads:
+            # Local shards: each task reads a batch and decodes it in the same thread (a hop
+            # to another thread per chunk cost ~7% of the CPU of converting seg), at most one
+            # batch per decode thread and one more being read.
+            def read_and_decode(batch) -> None:
+                decode(fetch(batch))
+
+            bounded_map(cpu_pool(), read_and_decode, batches,
+                        window=cpu_pool()._max_workers + 1)
+            return
+        in_flight = REMOTE_IN_FLIGHT
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
         # seconds of a conversion, seg and em), and a batch still spreads over every worker.
         part = max(1, per // (2 * cpu_pool()._max_workers))
