@@ -400,6 +400,7 @@ def main() -> None:
 
     compile_package()
     only = args.only.split(",")
+    load_start = os.getloadavg()[0]
     paths = build(Path(args.root)) if set(only) - {"W6"} else {}
     if "W6" in only:
         build_remote(Path(args.root) / "remote")
@@ -472,7 +473,8 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     (out / "latest.json").write_text(json.dumps({"|".join(k): v for k, v in results.items()}, indent=1))
     if not args.no_docs:
-        write_docs(results, args.rounds, tables)
+        write_docs(results, args.rounds, tables,
+                   load=(load_start, os.getloadavg()[0]), only=args.only)
 
 
 DOCS = HERE.parent / "docs" / "benchmarks.md"
@@ -489,14 +491,18 @@ def _script_table(script: str, rounds: int) -> str:
     return "\n".join(line for line in out.stdout.splitlines() if line.startswith("|"))
 
 
-def write_docs(results, rounds: int, tables: dict | None = None) -> None:
+def write_docs(results, rounds: int, tables: dict | None = None, load=None,
+               only: str | None = None) -> None:
     """Replace, in docs/benchmarks.md, the table of each workload this run measured (between its
     `<!-- run.py Wn -->` markers); the other workloads' tables and the prose stay as they are."""
     import datetime
 
     text = DOCS.read_text()
+    what = f" --only {only}" if only else ""
+    seen = f"; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" if load else ""
     stamp = (f"*{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}: `python benchmarks/run.py --rounds {rounds}`, medians.*")
+             f"{platform.python_version()}: `python benchmarks/run.py --rounds {rounds}{what}`, "
+             f"medians{seen}.*")
     produced = {w: report({k: v for k, v in results.items() if k[0] == w}).split("\n", 2)[2].strip()
                 for w in {k[0] for k in results}}
     produced.update(tables or {})
