@@ -373,6 +373,14 @@ def _server_counts(base: str) -> dict:
         return json.loads(r.read())
 
 
+def _rotated(readers: tuple, rnd: int) -> tuple:
+    """The readers in this round's order: each round starts one further along, so that no reader
+    always follows the same one (on this VM a process's speed depends on the memory the one
+    before it freed: huge pages left whole or not)."""
+    k = rnd % len(readers)
+    return readers[k:] + readers[:k]
+
+
 def run_one(task, reader, path) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", task, reader, str(path)],
                          capture_output=True, text=True, timeout=900)
@@ -417,12 +425,12 @@ def main() -> None:
     for rnd in range(args.rounds):
         if "W1" in only:
             for vol in ("seg", "em"):
-                for reader in ("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor",
-                               "ours-C", "ours-dask-F", "dask-floor-F"):
+                for reader in _rotated(("ours", "ts", "cv", "ours-dask", "dask-floor", "write-floor",
+                                        "ours-C", "ours-dask-F", "dask-floor-F"), rnd):
                     record(("W1", vol, reader), run_one("W1", reader, paths[vol]))
         if "R" in only:
             for vol in raw_vols:
-                for reader in ("ours", "ts", "cv", "ours-C"):
+                for reader in _rotated(("ours", "ts", "cv", "ours-C"), rnd):
                     record(("R", vol, reader), run_one("R", reader, paths[vol]))
         if "D" in only:
             for vol in dask_vols:
