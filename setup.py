@@ -16,5 +16,6 @@ setup(
         ext("xarray_precomputed.codecs._cseg_encode", "src/xarray_precomputed/codecs/_cseg_encode.c"),
         ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
         ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
+        ext("xarray_precomputed.storage._fileread", "src/xarray_precomputed/storage/_fileread.c"),
     ]
 )

@@ -158,6 +158,41 @@ def test_local_read_with_hands_over_each_value_once(tmp_path, monkeypatch):
             s.read_with("small", bytes)
 
 
+def test_local_read_with_one_call_path_in_a_plain_folder(tmp_path, monkeypatch):
+    """Once a folder is known to hold plain files, read_with opens, sizes, reads and closes a
+    file in one call (storage/_fileread.c): values of every size (growing the buffer, or past
+    the scratch bound), absent keys, folders and refused files behave as on the general path."""
+    from xarray_precomputed.storage import local
+
+    calls = []
+    real = local.read_file
+
+    def counting(path, view):
+        calls.append(os.path.basename(path))
+        return real(path, view)
+
+    monkeypatch.setattr(local, "read_file", counting)
+    values = {"a": b"x" * 10, "b": bytes(range(256)) * 1000, "c": b"", "d": b"y" * 70000}
+    for k, v in values.items():
+        (tmp_path / k).write_bytes(v)
+    (tmp_path / "sub").mkdir()
+    s = LocalStore(str(tmp_path))
+    assert s.read_with("a", bytes) == values["a"]  # learns that the folder is plain
+    assert calls == []
+    for k in ("b", "c", "d", "a"):
+        assert s.read_with(k, bytes) == values[k]
+    assert s.read_with("absent", bytes) is None
+    assert s.read_with("sub", bytes) is None
+    assert s.read_with("a/inside-a-file", bytes) is None
+    assert {"b", "c", "d", "absent", "sub"} <= set(calls)
+    monkeypatch.setattr(local, "SCRATCH_MAX_BYTES", 1000)  # past it: the general path
+    assert s.read_with("b", bytes) == values["b"]
+    if os.geteuid() != 0:
+        os.chmod(tmp_path / "a", 0)
+        with pytest.raises(PermissionDeniedError, match="a"):
+            s.read_with("a", bytes)
+
+
 def test_local_read_with_buffer_starts_on_a_page(tmp_path):
     """The reused buffer a whole value is read into starts on a page boundary: the kernel copies
     page-cache pages into it, and a destination a few bytes into a page (where a bytearray's

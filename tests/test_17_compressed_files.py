@@ -114,6 +114,17 @@ def test_plain_volume_pays_no_extra_system_call_per_chunk(tmp_path, monkeypatch)
         return real(self, key)
 
     monkeypatch.setattr(LocalStore, "_open", counting)
+    # once the folder is known to be plain, a chunk is opened and read in one call
+    from xarray_precomputed.storage import local
+
+    real_read_file = local.read_file
+    root = str(tmp_path / "plain") + "/"
+
+    def counting_read_file(path, view):
+        opened.append(path[len(root):])
+        return real_read_file(path, view)
+
+    monkeypatch.setattr(local, "read_file", counting_read_file)
     got = Volume.open(str(tmp_path / "plain")).scale(0).read()
     expected = data.copy()
     expected[16:32, 16:32, 16:32] = 0

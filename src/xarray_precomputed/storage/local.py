@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import PermissionDeniedError, StorageError
 from ..util import LRUCache
+from ._fileread import read_file
 from .base import Store, coalesce, request_counts, split_merged
 from .encodings import SUFFIXES, decode
 
@@ -148,6 +149,24 @@ class LocalStore(Store):
     def read_with(self, key: str, consume, *, limit: int | None = None):
         # Whole chunks are read into a per-thread buffer that is reused: a fresh buffer per chunk
         # costs a page fault per 4 KiB, as much CPU as copying the bytes (measured on raw chunks).
+        if self._forms.get(key.rpartition("/")[0]) == "":
+            # A folder of plain files: open, size, read and close in one call that releases the
+            # GIL once (one release per system call cost a quarter of reading a 64^3 uint8 chunk
+            # with four reader threads, each re-acquire queueing behind the others).
+            request_counts["read"] += 1
+            view = getattr(_scratch, "view", None)
+            if view is None:
+                view = _scratch.view = _aligned_buffer(1 << 16)
+            n = self._read_file(key, view)
+            if len(view) < n <= SCRATCH_MAX_BYTES:
+                view = _scratch.view = _aligned_buffer(n)
+                n = self._read_file(key, view)
+            if n < 0:
+                return None
+            if n <= len(view):
+                with view[:n] as data:
+                    return consume(data)
+            request_counts["read"] -= 1  # counted again below
         with self._opened(key) as found:
             if found is None:
                 return None
@@ -165,6 +184,12 @@ class LocalStore(Store):
                 got += n
         with view[:got] as data:
             return consume(data)
+
+    def _read_file(self, key: str, view: memoryview) -> int:
+        try:
+            return read_file(self._path(key), view)
+        except OSError as e:
+            raise self._fail(key, e) from e
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         found = self._locate(key)
