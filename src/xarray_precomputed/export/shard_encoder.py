@@ -8,6 +8,7 @@ import struct
 import sys
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Iterable
 
@@ -180,7 +181,7 @@ class ShardEncoder:
         out[flat] = bytes(self.codec.encode(chunk)) if self.codec is not None else chunk.tobytes()
 
 
-class ShardSink:
+class ShardSink(ABC):
     """Where the bytes of one shard go, in order: `write` them, then `commit` (the shard is
     stored whole) or `abort`. Keeps the shard's size and CRC-32C (the resume record)."""
 
@@ -199,14 +200,17 @@ class ShardSink:
         """As `resume_state.record_of` the whole shard."""
         return [self.size, self.crc]
 
+    @abstractmethod
     def _write(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Take the next bytes of the shard."""
 
+    @abstractmethod
     def commit(self) -> None:
-        raise NotImplementedError
+        """Store the shard written so far, whole."""
 
+    @abstractmethod
     def abort(self) -> None:
-        pass
+        """Drop what was written."""
 
 
 class MemorySink(ShardSink):
@@ -222,6 +226,9 @@ class MemorySink(ShardSink):
 
     def commit(self) -> None:
         self.store(b"".join(self.parts))
+        self.parts = []
+
+    def abort(self) -> None:
         self.parts = []
 
 

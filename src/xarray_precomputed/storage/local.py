@@ -28,6 +28,14 @@ _scratch = threading.local()
 # Name part of the temporary files LocalStore.write renames into place.
 TEMP_MARKER = ".xp-tmp-"
 
+def _scratch_view(size: int) -> memoryview:
+    """This thread's reused read buffer, grown to hold at least `size` bytes."""
+    view = getattr(_scratch, "view", None)
+    if view is None or len(view) < size:
+        view = _scratch.view = _aligned_buffer(max(size, 1 << 16))
+    return view
+
+
 def _aligned_buffer(size: int) -> memoryview:
     """A writable buffer of `size` bytes starting on a page boundary. The kernel copies file
     data into it from page-aligned page-cache pages; a destination a few bytes past a page
@@ -153,29 +161,25 @@ class LocalStore(Store):
             # A folder of plain files: open, size, read and close in one call that releases the
             # GIL once (one release per system call cost a quarter of reading a 64^3 uint8 chunk
             # with four reader threads, each re-acquire queueing behind the others).
-            request_counts["read"] += 1
-            view = getattr(_scratch, "view", None)
-            if view is None:
-                view = _scratch.view = _aligned_buffer(1 << 16)
+            view = _scratch_view(0)
             n = self._read_file(key, view)
             if len(view) < n <= SCRATCH_MAX_BYTES:
-                view = _scratch.view = _aligned_buffer(n)
+                view = _scratch_view(n)
                 n = self._read_file(key, view)
-            if n < 0:
-                return None
-            if n <= len(view):
+            if n <= len(view):  # absent (-1), or read whole
+                request_counts["read"] += 1
+                if n < 0:
+                    return None
                 with view[:n] as data:
                     return consume(data)
-            request_counts["read"] -= 1  # counted again below
+            # past the scratch bound: read whole below
         with self._opened(key) as found:
             if found is None:
                 return None
             fd, size, suffix = found
             if suffix or size > SCRATCH_MAX_BYTES:
                 return consume(self._whole(key, fd, size, suffix, limit))
-            view = getattr(_scratch, "view", None)
-            if view is None or len(view) < size:
-                view = _scratch.view = _aligned_buffer(max(size, 1 << 16))
+            view = _scratch_view(size)
             got = 0
             while got < size:  # a read may return early on some file systems
                 n = os.preadv(fd, [view[got:size]], got)
