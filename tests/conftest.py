@@ -62,8 +62,10 @@ def _garbage_in_uninitialised_results(monkeypatch):
 
     from xarray_precomputed.reading import base as volume
 
+    reader_allocate = volume._allocate_small
+
     def allocate(shape, dtype, order="C"):
-        a = np.empty(shape, dtype, order=order)
+        a = reader_allocate(shape, dtype, order=order)
         a.reshape(-1, order="A").view(np.uint8)[...] = 0xA5
         return a
 

@@ -47,3 +47,35 @@ def test_map_blocks_temporaries_reuse_the_heap(tmp_path):
     # fault ~16k pages here; reused from the heap, a few hundred.
     temp_pages = 32 * 2 * (64 ** 3 * 4) // 4096
     assert got["faults"] < temp_pages // 8, got
+
+
+REDUCE = r"""
+import json, resource, sys
+import xarray as xr
+import xarray_precomputed.backends.precomputed  # noqa: F401
+
+ds = xr.open_dataset(sys.argv[1], engine="precomputed", chunks={}, preferred_chunks="chunk")
+top = ds["image"].data.max()
+first = int(top.compute(scheduler="threads", num_workers=2))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+again = [int(top.compute(scheduler="threads", num_workers=2)) for _ in range(4)]
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"first": first, "again": again, "faults": faults}))
+"""
+
+
+def test_blocks_reuse_memory_under_a_fixed_trim_threshold(tmp_path):
+    """dask.distributed starts its workers with MALLOC_TRIM_THRESHOLD_=65536, which fixes glibc's
+    mmap threshold at 128 KiB: a block of 256 KiB from malloc is a fresh mapping every time. The
+    reader's own result memory is reused instead."""
+    data = make_data((256, 256, 128, 1), np.uint8, seed=65)
+    path = write_volume(tmp_path / "img", data, chunk_size=(64, 64, 64))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["MALLOC_TRIM_THRESHOLD_"] = "65536"
+    out = subprocess.run([sys.executable, "-c", REDUCE, str(path)], capture_output=True, text=True,
+                         check=True, timeout=120, env=env)
+    got = json.loads(out.stdout)
+    top = int(ts_read(path).max())
+    assert got["first"] == top and got["again"] == [top] * 4
+    block_pages = 4 * 32 * 64 ** 3 // 4096   # four computes of 32 blocks, each fresh
+    assert got["faults"] < block_pages // 8, got

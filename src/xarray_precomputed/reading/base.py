@@ -25,6 +25,7 @@ from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
 from .missing import record_filled
+from .result_memory import ResultMemory
 from .selection import (
     as_index,
     axis_parts,
@@ -85,8 +86,9 @@ def settle_heap() -> None:
     np.empty(HEAP_SETTLE_BYTES, np.uint8)  # allocated and freed at once, never touched
 
 
-# tests replace it with an allocator that fills in garbage
-_allocate_small: Callable[..., np.ndarray] = np.empty
+result_memory = ResultMemory()
+# tests wrap it with an allocator that fills in garbage
+_allocate_small: Callable[..., np.ndarray] = result_memory.empty
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,79 @@
+"""The reader's reused result memory (reading/result_memory.py): a buffer is handed out again only
+once no array uses it, never to two live arrays, within its bound; and reads into reused memory
+still match TensorStore."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from oracle import make_data, ts_read, write_volume
+
+from xarray_precomputed import Volume
+from xarray_precomputed.reading.result_memory import ResultMemory
+
+SHAPE = (64, 64, 64, 1)   # 256 KiB of uint8
+
+
+def test_reused_only_after_every_view_is_gone():
+    pool = ResultMemory(max_bytes=4 << 20)
+    a = pool.empty(SHAPE, np.uint8, order="F")
+    assert a.shape == SHAPE and a.flags.f_contiguous and a.flags.writeable
+    view = a[3:9, ..., 0]
+    del a
+    b = pool.empty(SHAPE, np.uint8)
+    assert not np.shares_memory(b, view)
+    assert (pool.created, pool.reused) == (2, 0)
+    del view
+    c = pool.empty(SHAPE, np.uint8)
+    assert pool.reused == 1 and not np.shares_memory(b, c)
+
+
+def test_small_results_and_the_bound_fall_back_to_numpy():
+    pool = ResultMemory(max_bytes=1 << 20)
+    small = pool.empty((8, 8, 8, 1), np.uint64)
+    assert pool.created == 0 and small.base is None
+    held = [pool.empty(SHAPE, np.uint8) for _ in range(6)]
+    assert pool.created == 4 and pool.held_bytes == 1 << 20
+    assert all(h.base is None for h in held[4:])
+    # a free buffer of another size is unmapped to make room for a new size
+    del held
+    other = pool.empty((128, 64, 64, 1), np.uint8)
+    assert pool.held_bytes <= 1 << 20 and other.base is not None
+
+
+def test_threads_never_share_a_live_buffer():
+    pool = ResultMemory(max_bytes=8 << 20)
+    errors: list[str] = []
+
+    def work(tag: int) -> None:
+        for i in range(300):
+            a = pool.empty(SHAPE, np.uint8)
+            a[...] = tag
+            if (i % 7) == 0:
+                b = pool.empty(SHAPE, np.uint8)
+                b[...] = 255 - tag
+                if not (b == 255 - tag).all():
+                    errors.append("second buffer overwritten")
+            if not (a == tag).all():
+                errors.append(f"buffer of thread {tag} overwritten")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert pool.reused > 0 and pool.held_bytes <= 8 << 20
+
+
+def test_reads_into_reused_memory_match_tensorstore(tmp_path):
+    data = make_data((256, 128, 128, 1), np.uint16, seed=33)
+    path = write_volume(tmp_path / "img", data, chunk_size=(64, 64, 64))
+    expected = ts_read(path)
+    scale = Volume.open(str(path)).scale(0)
+    for x in range(0, 192, 32):   # each result's memory was the previous, other box's
+        for order in ("C", "F"):
+            box = (slice(x, x + 64), slice(32, 96), slice(0, 128))
+            got = scale.read(box, order=order)
+            np.testing.assert_array_equal(got, expected[box])
