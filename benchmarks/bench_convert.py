@@ -39,11 +39,13 @@ def worker(tool: str, src: str, dst: str) -> dict:
         import dask.array  # noqa: F401
         import dask.threaded  # noqa: F401
         import numcodecs.zstd  # noqa: F401
-        import xarray  # noqa: F401
+        import xarray
         import zarr  # noqa: F401
 
         from xarray_precomputed import to_ome_zarr
         from xarray_precomputed.backends import precomputed as backend  # noqa: F401
+
+        xarray.backends.plugins.list_engines()  # xarray's once-per-process engine lookup (run.py)
     else:
         import tensorstore as ts
     shutil.rmtree(dst, ignore_errors=True)

