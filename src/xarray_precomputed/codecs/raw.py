@@ -34,6 +34,12 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     out[...] = src[ox:ox + nx, oy:oy + ny, oz:oz + nz]
 
 
+def plain_voxels(dtype) -> bool:
+    """Whether a stored raw chunk of `dtype` is its voxels as this machine holds them: its bytes
+    are then its Fortran-ordered (x, y, z, channel) array as they are."""
+    return _NATIVE_LITTLE or np.dtype(dtype).itemsize == 1
+
+
 def stored_view(data, *, chunk_shape, dtype, num_channels, chunk) -> np.ndarray | None:
     """A whole chunk's stored bytes as its (x, y, z, channel) array in Fortran order, without a
     copy (valid as long as `data`); None where the machine's byte order differs from the stored

@@ -147,10 +147,16 @@ class ChunkedScaleReader(ABC):
         `dest` (X, Y, Z, C); `chunk` names it in errors; `stream` asks for streaming stores."""
 
     def _fetch_decoding(self, group, members, cells: np.ndarray,
-                        finish: Callable[[list[Fetched]], None]) -> None:
+                        finish: Callable[[list[Fetched]], None],
+                        into: Callable[[int], memoryview | None]) -> None:
         """Fetch a group and hand its chunks to `finish` at once (a reader can then decode from
-        a reused buffer)."""
+        a reused buffer). `into(member)` is the result's memory that member's stored bytes are,
+        when the reader stores plain voxels and the whole chunk lands there as one run."""
         finish(self._fetch(group, members, cells))
+
+    # Whether a stored chunk is its voxels as they are (raw, in this machine's byte order): then
+    # where a whole chunk is one run of a Fortran-ordered result, the result is its stored bytes.
+    stores_plain_voxels = False
 
     def _remote_batches(self, groups: list, n: int) -> tuple[list, int, int | None]:
         """How a remote read of `n` chunks in `groups` is fetched: (batches of (group, members),
@@ -270,7 +276,19 @@ class ChunkedScaleReader(ABC):
             return self._fetch(group, members, cells)
 
         def fetch_decoding(group, members):
-            self._fetch_decoding(group, members, cells, finish)
+            self._fetch_decoding(group, members, cells, finish, into)
+
+        def into(i: int) -> memoryview | None:
+            job = jobs[i]
+            if not self.stores_plain_voxels or not all(isinstance(p.dest, slice) for p in job):
+                return None
+            shape = self._cell_shape(cells[i])
+            if any(p.local != slice(0, n) for p, n in zip(job, shape)):
+                return None   # part of the chunk: decoded from its bytes as usual
+            view = out[job[0].dest, job[1].dest, job[2].dest]
+            if not view.flags.f_contiguous:
+                return None
+            return memoryview(view.T).cast("B")
 
         def finish(results: list[Fetched]) -> None:
             for i, blob, name in results:

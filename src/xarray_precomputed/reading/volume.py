@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codecs import get_decoder
-from ..codecs.raw import stored_view
+from ..codecs.raw import plain_voxels, stored_view
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
@@ -96,6 +96,7 @@ class ScaleReader(ChunkedScaleReader):
         super().__init__(url, info, scale, storage_options=storage_options,
                          fill_missing=fill_missing, chunk_size_index=chunk_size_index)
         self._decoder = get_decoder(scale.encoding)
+        self.stores_plain_voxels = scale.encoding == "raw" and plain_voxels(info.dtype)
         # Unsharded: one fetch group is the whole read, spread over the workers when remote.
         self.spread_batches = scale.sharding is None
 
@@ -234,13 +235,24 @@ class ScaleReader(ChunkedScaleReader):
         return [(int(m), blob, Lazy(name if blob is not None else missing, m))
                 for m, blob in zip(members.tolist(), data)]
 
-    def _fetch_decoding(self, group, members, cells, finish) -> None:
+    def _fetch_decoding(self, group, members, cells, finish, into) -> None:
         if group is not None or len(members) != 1:
             finish(self._fetch(group, members, cells))
             return
+        i = members[0]
+        dest = into(i)
+        if dest is not None:
+            # Its stored bytes are the result's memory: read there, with no copy in between.
+            n = self.store.read_into(self._unsharded_key(cells[i]), dest,
+                                     limit=self._max_stored_bytes())
+            if n is None:
+                finish([(i, None, Lazy(self._describe_missing, cells[i]))])
+                return
+            if n == len(dest):
+                return
+            # any other size is read again below, for the decoder to say what is wrong
         # One unsharded chunk: read into the store's reused buffer and decoded from there (a
         # fresh buffer per chunk costs a page fault per 4 KiB, as much as copying the bytes).
-        i = members[0]
         name = Lazy(self._describe_unsharded, cells[i])
         placed = self.store.read_with(self._unsharded_key(cells[i]),
                                       lambda blob: finish([(i, blob, name)]) or True,

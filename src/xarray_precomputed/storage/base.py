@@ -72,6 +72,17 @@ class Store(ABC):
         data = self.read(key, limit=limit)
         return None if data is None else consume(data)
 
+    def read_into(self, key: str, buffer, *, limit: int | None = None) -> int | None:
+        """Reads the whole value of `key` into `buffer` (writable, bytes) when it fits, and returns
+        its size either way (nothing is placed when it does not fit); None if the key does not
+        exist. A local file is read straight into `buffer`, with no copy of the store's own."""
+        data = self.read(key, limit=limit)
+        if data is None:
+            return None
+        if len(data) <= len(buffer):
+            memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
     def missing_names(self, key: str) -> list[str]:
         """The names looked for when `key` reads as absent (for messages)."""
         return [key]
