@@ -19,7 +19,8 @@ W1  full read of each volume: ours via `.values` and via dask `chunks={}` at the
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
-W4  dask.distributed LocalCluster, 2 worker processes of 1 thread, W1's sharded volume: GB/s of
+W4  dask.distributed LocalCluster, 2 worker processes of 1 thread, W1's sharded volume and its
+    4x (seg-x4, 1024x1024x256, 2 GiB): GB/s of
     a whole `.compute()` and of a `.max()` (warm, median of 3) against the same `.max()` with
     dask's threads (2) in another process; the storage requests each worker made.
 R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, uint64, each in
@@ -410,7 +411,16 @@ def main() -> None:
         return
 
     from _bytecode import compile_package
-    from volumes import RAW_CHUNKS, RAW_DTYPES, REMOTE_VOLUMES, build, build_raw, build_remote, raw_name
+    from volumes import (
+        RAW_CHUNKS,
+        RAW_DTYPES,
+        REMOTE_VOLUMES,
+        build,
+        build_large,
+        build_raw,
+        build_remote,
+        raw_name,
+    )
 
     compile_package()
     only = args.only.split(",")
@@ -420,6 +430,8 @@ def main() -> None:
         build_remote(Path(args.root) / "remote")
     if {"R", "D", "M"} & set(only):
         paths.update(build_raw(Path(args.root)))
+    if "W4" in only:
+        paths.update(build_large(Path(args.root)))
     raw_vols = [raw_name(d, c) for d in RAW_DTYPES for c in RAW_CHUNKS]
     dask_vols = ["seg", "em", *(raw_name(d, "128x32") for d in RAW_DTYPES)]
     results: dict = {}
@@ -461,8 +473,9 @@ def main() -> None:
             for reader in ("ours", "ours-numpy", "ts", "cv"):
                 record(("W3", "mcns", reader), run_one("W3", reader, paths["mcns"]))
         if "W4" in only and rnd < 2:
-            for reader in ("ours", "threads"):
-                record(("W4", "seg", reader), run_one("W4", reader, paths["seg"]))
+            for vol in ("seg", "seg-x4"):
+                for reader in ("ours", "threads"):
+                    record(("W4", vol, reader), run_one("W4", reader, paths[vol]))
         if "W5" in only:
             for vol in ("seg", "em"):
                 for reader in ("ours", "ts", "cv"):
@@ -615,19 +628,23 @@ def report(results) -> str:
                 lines.append(f"mcns | {reader} | {_med(rs, 'seconds'):.3f}{_err(rs)}")
         lines.append("")
     if ("W4", "seg", "ours") in results:
-        rs = results[("W4", "seg", "ours")]
-        th = results.get(("W4", "seg", "threads"), [])
-        lines += ["W4 seg, chunks={} | LocalCluster (2 processes x 1 thread) | threads (2) | "
+        lines += ["W4 chunks={} | LocalCluster (2 processes x 1 thread) | threads (2) | "
                   "cluster / threads", "--- | --- | --- | ---"]
-        reqs = [r.get("requests") for r in rs if "requests" in r]
-        nbytes = _med(rs, "bytes")
-        red, red_t = _med(rs, "reduce_seconds"), _med(th, "reduce_seconds")
-        lines.append(f"GB/s read in a reduction (`.max()`, warm, {_med(rs, 'tasks'):g} tasks) | "
-                     f"{nbytes / red / 1e9:.2f} | {nbytes / red_t / 1e9:.2f} | {red_t / red:.2f}x"
-                     f"{_err(rs)}{_err(th)}")
-        lines.append(f"GB/s delivered to the client (`.compute()`, first) | "
-                     f"{nbytes / _med(rs, 'seconds') / 1e9:.2f} | | ")
-        lines.append(f"storage requests per worker (first compute) | {reqs[-1] if reqs else '?'} | | ")
+        for vol in ("seg", "seg-x4"):
+            rs = results.get(("W4", vol, "ours"), [])
+            th = results.get(("W4", vol, "threads"), [])
+            if not rs or not th:
+                continue
+            reqs = [r.get("requests") for r in rs if "requests" in r]
+            nbytes = _med(rs, "bytes")
+            red, red_t = _med(rs, "reduce_seconds"), _med(th, "reduce_seconds")
+            lines.append(f"{vol}: GB/s read in a reduction (`.max()`, warm, {_med(rs, 'tasks'):g} "
+                         f"tasks; seconds {red:.3f} / {red_t:.3f}) | {nbytes / red / 1e9:.2f} | "
+                         f"{nbytes / red_t / 1e9:.2f} | {red_t / red:.2f}x{_err(rs)}{_err(th)}")
+            lines.append(f"{vol}: GB/s delivered to the client (`.compute()`, first) | "
+                         f"{nbytes / _med(rs, 'seconds') / 1e9:.2f} | | ")
+            lines.append(f"{vol}: storage requests per worker (first compute) | "
+                         f"{reqs[-1] if reqs else '?'} | | ")
         lines.append("")
     if any(k[0] == "W5" for k in results):
         lines += ["W5 full read over HTTP, 20 ms per request | reader | GB/s | ratio to faster peer",
