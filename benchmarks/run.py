@@ -492,8 +492,9 @@ def main() -> None:
         server[0].wait()
 
     print(report(results))
-    scripts = {"WRITE": "bench_write.py", "CONVERT": "bench_convert.py"}
-    tables = {w: _script_table(scripts[w], args.rounds) for w in scripts if w in only}
+    scripts = {"WRITE": ("bench_write.py",), "CONVERT": ("bench_convert.py", "--large")}
+    tables = {w: _script_table(scripts[w][0], args.rounds, *scripts[w][1:])
+              for w in scripts if w in only}
     for table in tables.values():
         print(f"\n{table}")
     out = HERE / "results"
@@ -507,10 +508,10 @@ def main() -> None:
 DOCS = HERE.parent / "docs" / "benchmarks.md"
 
 
-def _script_table(script: str, rounds: int) -> str:
+def _script_table(script: str, rounds: int, *extra: str) -> str:
     """Run another benchmark script of this folder (its own alternating rounds, fresh processes
     as it makes them) and return the markdown table it prints."""
-    out = subprocess.run([sys.executable, str(HERE / script), "--rounds", str(rounds)],
+    out = subprocess.run([sys.executable, str(HERE / script), "--rounds", str(rounds), *extra],
                          capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
