@@ -88,6 +88,30 @@ static inline void transpose16(const uint8_t *in, Py_ssize_t is, uint8_t *out, P
     }
 }
 
+/* Transposes the 8x8 matrix of 16-bit values at `in` (rows `is` bytes apart) into `out` (rows
+ * `os` apart): three rounds of interleaving, 16-bit -> 32-bit pairs -> 64-bit quads -> rows. */
+static inline void transpose8x16(const char *in, Py_ssize_t is, char *out, Py_ssize_t os)
+{
+    __m128i r[8], a[8], b[8];
+    for (int k = 0; k < 8; k++)
+        r[k] = _mm_loadu_si128((const __m128i *)(in + k * is));
+    /* a[2k + h]: rows 2k, 2k+1 interleaved, columns 4h..4h+3 */
+    for (int k = 0; k < 4; k++) {
+        a[2 * k] = _mm_unpacklo_epi16(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm_unpackhi_epi16(r[2 * k], r[2 * k + 1]);
+    }
+    /* b[4m + q]: rows 4m..4m+3 of columns 2q, 2q+1 */
+    for (int m = 0; m < 2; m++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * m + 2 * h] = _mm_unpacklo_epi32(a[4 * m + h], a[4 * m + 2 + h]);
+            b[4 * m + 2 * h + 1] = _mm_unpackhi_epi32(a[4 * m + h], a[4 * m + 2 + h]);
+        }
+    for (int q = 0; q < 4; q++) {
+        _mm_storeu_si128((__m128i *)(out + (2 * q) * os), _mm_unpacklo_epi64(b[q], b[4 + q]));
+        _mm_storeu_si128((__m128i *)(out + (2 * q + 1) * os), _mm_unpackhi_epi64(b[q], b[4 + q]));
+    }
+}
+
 /* A full 64-byte line to an aligned destination, bypassing the cache (see copy_u8). */
 static inline void stream_line(char *dst, const uint8_t *src)
 {
@@ -101,6 +125,12 @@ static inline void transpose16(const uint8_t *in, Py_ssize_t is, uint8_t *out, P
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++)
             out[j * os + i] = in[i * is + j];
+}
+static inline void transpose8x16(const char *in, Py_ssize_t is, char *out, Py_ssize_t os)
+{
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++)
+            memcpy(out + j * os + 2 * i, in + i * is + 2 * j, 2);
 }
 #define LAYOUT_SSE2 0
 #endif
@@ -158,7 +188,40 @@ static void copy_u8(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py
     (void)streamed;
 #endif
 }
-DEFINE_COPY(copy_u16, uint16_t)
+DEFINE_COPY(copy_u16_tiled, uint16_t)
+
+/* uint16 with z contiguous in the destination, as copy_u8 with 32x32 tiles (64-byte rows) and
+ * 8x8 register blocks: the element-wise tiled copy ran at ~2 GB/s here, a third of uint64's. */
+static void copy_u16(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz,
+                     Py_ssize_t nc, Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc,
+                     const Py_ssize_t *ds)
+{
+    if (ds[2] != 2) {
+        copy_u16_tiled(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds);
+        return;
+    }
+    uint16_t sbuf[32][32], dbuf[32][32];
+    memset(sbuf, 0, sizeof sbuf); /* partial tiles transpose values that are never copied out */
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        for (Py_ssize_t y = 0; y < ny; y++) {
+            const uint16_t *splane = (const uint16_t *)src + y * ssy + c * ssc;
+            char *dplane = dst + y * ds[1] + c * ds[3];
+            for (Py_ssize_t z0 = 0; z0 < nz; z0 += 32) {
+                Py_ssize_t tz = z0 + 32 < nz ? 32 : nz - z0;
+                for (Py_ssize_t x0 = 0; x0 < nx; x0 += 32) {
+                    Py_ssize_t tx = x0 + 32 < nx ? 32 : nx - x0;
+                    for (Py_ssize_t z = 0; z < tz; z++)
+                        memcpy(sbuf[z], splane + (z0 + z) * ssz + x0, tx * 2);
+                    for (int bz = 0; bz < tz; bz += 8)
+                        for (int bx = 0; bx < tx; bx += 8)
+                            transpose8x16((const char *)&sbuf[bz][bx], 64, (char *)&dbuf[bx][bz], 64);
+                    for (Py_ssize_t x = 0; x < tx; x++)
+                        memcpy(dplane + (x0 + x) * ds[0] + z0 * 2, dbuf[x], tz * 2);
+                }
+            }
+        }
+    }
+}
 DEFINE_COPY(copy_u32, uint32_t)
 DEFINE_COPY(copy_u64, uint64_t)
 
