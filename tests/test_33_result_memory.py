@@ -4,13 +4,14 @@ still match TensorStore."""
 
 from __future__ import annotations
 
+import mmap
 import threading
 
 import numpy as np
 from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Volume
-from xarray_precomputed.reading.result_memory import ResultMemory
+from xarray_precomputed.reading.result_memory import OFFSET, ResultMemory
 
 SHAPE = (64, 64, 64, 1)   # 256 KiB of uint8
 
@@ -30,16 +31,21 @@ def test_reused_only_after_every_view_is_gone():
 
 
 def test_small_results_and_the_bound_fall_back_to_numpy():
-    pool = ResultMemory(max_bytes=1 << 20)
+    one = ResultMemory()
+    one.empty(SHAPE, np.uint8)
+    per = one.held_bytes   # a page more than the array: arrays start OFFSET into their mapping
+    assert 64 ** 3 + OFFSET <= per < 64 ** 3 + OFFSET + mmap.PAGESIZE
+    pool = ResultMemory(max_bytes=4 * per)
     small = pool.empty((8, 8, 8, 1), np.uint64)
     assert pool.created == 0 and small.base is None
     held = [pool.empty(SHAPE, np.uint8) for _ in range(6)]
-    assert pool.created == 4 and pool.held_bytes == 1 << 20
+    assert pool.created == 4 and pool.held_bytes == 4 * per
     assert all(h.base is None for h in held[4:])
+    assert all(h.ctypes.data % mmap.PAGESIZE == OFFSET for h in held[:4])
     # a free buffer of another size is unmapped to make room for a new size
     del held
     other = pool.empty((128, 64, 64, 1), np.uint8)
-    assert pool.held_bytes <= 1 << 20 and other.base is not None
+    assert pool.held_bytes <= 4 * per and other.base is not None
 
 
 def test_threads_never_share_a_live_buffer():
