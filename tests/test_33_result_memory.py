@@ -83,3 +83,33 @@ def test_reads_into_reused_memory_match_tensorstore(tmp_path):
             box = (slice(x, x + 64), slice(32, 96), slice(0, 128))
             got = scale.read(box, order=order)
             np.testing.assert_array_equal(got, expected[box])
+
+
+def test_a_forked_child_reuses_copies_not_the_parents_memory():
+    """The pool's free buffers are private mappings: after a fork, parent and child each reuse
+    their own copy (a shared mapping would let both write into one buffer at once)."""
+    import os
+
+    pool = ResultMemory(max_bytes=4 << 20)
+    a = pool.empty(SHAPE, np.uint8)
+    a[...] = 1
+    del a   # free in the pool, in both processes after the fork
+    to_parent, to_child = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: reuse the buffer, fill it, tell the parent, then look again
+        try:
+            b = pool.empty(SHAPE, np.uint8)
+            b[...] = 7
+            os.write(to_parent[1], b"x")
+            os.read(to_child[0], 1)   # the parent has filled its own by now
+            os._exit(0 if pool.reused == 1 and (b == 7).all() else 1)
+        finally:
+            os._exit(2)
+    os.read(to_parent[0], 1)
+    c = pool.empty(SHAPE, np.uint8)
+    assert pool.reused == 1
+    c[...] = 9
+    os.write(to_child[1], b"y")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (c == 9).all()

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import sys
 import threading
+import weakref
 from typing import Literal
 
 import numpy as np
@@ -43,6 +45,10 @@ class ResultMemory:
         self._buffers: dict[int, list[mmap.mmap]] = {}
         self._held = 0
         self.reused = self.created = 0
+        # a child forked while another thread held the lock would wait on it forever
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _renew_lock(ref()))
+
 
     def empty(self, shape: tuple[int, ...], dtype, order: Literal["C", "F"] = "C") -> np.ndarray:
         """An uninitialised array, as `np.empty`, on reused memory where there is some."""
@@ -71,7 +77,8 @@ class ResultMemory:
                 self._evict(self._held + size - self.max_bytes, keep=size)
                 if self._held + size > self.max_bytes:
                     return None
-            buf = mmap.mmap(-1, size)
+            # private: a forked child gets copies, not the parent's memory to reuse beside it
+            buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
             same.append(buf)
             self._held += size
             self.created += 1
@@ -93,6 +100,11 @@ class ResultMemory:
                 return
 
 
+def _renew_lock(pool: ResultMemory | None) -> None:
+    if pool is not None:
+        pool._lock = threading.Lock()
+
+
 def _first_free(bufs: list) -> int | None:
     """The index of a buffer nobody but the pool refers to."""
     for i in range(len(bufs)):
@@ -102,7 +114,7 @@ def _first_free(bufs: list) -> int | None:
 
 
 def _references_when_free() -> int:
-    bufs = [mmap.mmap(-1, mmap.PAGESIZE)]  # counted exactly as _first_free counts
+    bufs = [mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)]  # counted as _first_free counts
     return sys.getrefcount(bufs[0])
 
 
