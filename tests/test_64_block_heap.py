@@ -1,8 +1,8 @@
-"""Blocks handed to dask reuse the heap: glibc's mmap threshold starts at 128 KiB in a fresh
-process, and per-block temporaries (a map_blocks over small blocks) were unmapped and faulted in
-again block after block. The reader moves the threshold once (reading/base.settle_heap); this
-counts the page faults of such a computation in a fresh process, and checks its result against
-TensorStore's read of the same volume."""
+"""Blocks handed to dask reuse memory: glibc's mmap threshold starts at 128 KiB in a fresh
+process, and blocks with their per-block temporaries (a map_blocks over small blocks) were
+unmapped and faulted in again block after block. The reader's blocks come from its own reused
+memory (reading/result_memory.py); this counts the page faults of such computations in a fresh
+process, and checks their results against TensorStore's read of the same volume."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from oracle import make_data, ts_read, write_volume
 CHILD = r"""
 import json, resource, sys
 import numpy as np, xarray as xr
-import xarray_precomputed.backends.precomputed  # noqa: F401
 
 ds = xr.open_dataset(sys.argv[1], engine="precomputed", chunks={}, preferred_chunks="chunk")
 arr = ds["image"].data
@@ -44,7 +43,7 @@ def test_map_blocks_temporaries_reuse_the_heap(tmp_path):
     assert got["blocks"] == 32
     assert got["first"] == got["again"] == expected
     # Each block's two float temporaries are 2 MiB (512 pages): mapped afresh per block they
-    # fault ~16k pages here; reused from the heap, a few hundred.
+    # fault ~16k pages here; reused, a few hundred.
     temp_pages = 32 * 2 * (64 ** 3 * 4) // 4096
     assert got["faults"] < temp_pages // 8, got
 
@@ -52,7 +51,6 @@ def test_map_blocks_temporaries_reuse_the_heap(tmp_path):
 REDUCE = r"""
 import json, resource, sys
 import xarray as xr
-import xarray_precomputed.backends.precomputed  # noqa: F401
 
 ds = xr.open_dataset(sys.argv[1], engine="precomputed", chunks={}, preferred_chunks="chunk")
 top = ds["image"].data.max()

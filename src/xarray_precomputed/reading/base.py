@@ -61,29 +61,10 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
     They start on a 64-byte line, so that codecs can stream whole lines into them."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < LARGE_RESULT_BYTES:
-        if not _heap_settled:
-            settle_heap()
         return _allocate_small(shape, dtype, order=order), False
     raw = np.zeros(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
-
-
-# glibc serves a request above its mmap threshold with fresh pages of its own mapping, and moves
-# that threshold (and the heap's trim threshold, twice it) up to the size of the largest such
-# block freed, up to 32 MiB. A fresh process starts at 128 KiB, so dask blocks of a few MiB and
-# the temporaries computed from them were handed back to the kernel and faulted in again block
-# after block (140k faults, ~550 MB, in a map_blocks over a 64 MiB volume; docs/design.md, "dask:
-# what a task costs"). Freeing one block of the largest size we hand to dask locally puts glibc
-# where any process that has already freed such an array is; elsewhere it costs a map and unmap.
-HEAP_SETTLE_BYTES = 16 << 20
-_heap_settled = False
-
-
-def settle_heap() -> None:
-    global _heap_settled
-    _heap_settled = True
-    np.empty(HEAP_SETTLE_BYTES, np.uint8)  # allocated and freed at once, never touched
 
 
 result_memory = ResultMemory()

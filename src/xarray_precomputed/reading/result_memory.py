@@ -2,9 +2,11 @@
 using it are gone.
 
 A block read for dask lives for one task, and the next task wants the same size again. glibc
-serves such sizes with fresh mappings where its thresholds are fixed low: dask.distributed's
-nanny starts every worker with `MALLOC_TRIM_THRESHOLD_=65536`, which also turns off glibc's
-adaptive mmap threshold, so each 16 MiB block was a new mapping faulted in page by page (W4: 56k
+serves sizes above its mmap threshold (128 KiB in a fresh process, raised only by freeing a larger
+mapped block) with fresh mappings, and trims its heap above twice that: blocks, and the
+temporaries computed from them, were handed back to the kernel and faulted in again block after
+block (140k page faults in a map_blocks over a 64 MiB volume). dask.distributed's nanny starts
+every worker with `MALLOC_TRIM_THRESHOLD_=65536`, which fixes those thresholds for good (W4: 56k
 page faults per worker in five reductions of seg, a third of the reduction's time). Memory of our
 own, reused while it is free, does not depend on how the process tunes its allocator.
 
@@ -48,7 +50,6 @@ class ResultMemory:
         # a child forked while another thread held the lock would wait on it forever
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _renew_lock(ref()))
-
 
     def empty(self, shape: tuple[int, ...], dtype, order: Literal["C", "F"] = "C") -> np.ndarray:
         """An uninitialised array, as `np.empty`, on reused memory where there is some."""
