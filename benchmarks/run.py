@@ -29,11 +29,13 @@ R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, 
     CloudVolume.
 D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
-    chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes.
-P   preferred chunks on the sharded volume (seg), `chunks={}` with `preferred_chunks="shard"`
-    (shard-aligned dask blocks, at most dask's `array.chunk-size`) against `"chunk"` (the
-    storage chunk): `.max()` and `.values`, read locally and over the 20 ms server (`seg@http`);
-    seconds, CPU seconds of the process, and the requests the server answered.
+    chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
+    rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
+P   preferred chunks, `chunks={}` with the default `preferred_chunks="block"` (on the sharded
+    seg shard-aligned blocks, on the unsharded em storage chunks grouped; at most 16 MiB
+    locally, dask's `array.chunk-size` remotely) against `"chunk"` (the storage chunk): `.max()`
+    and `.values`, read locally and over the 20 ms server (`seg@http`, `em@http`); seconds, CPU
+    seconds of the process, and the requests the server answered.
 M   `map_blocks`: as D, with `arr.map_blocks(lambda b: b.astype(np.float32) * 2).sum()` (a
     per-block conversion, then a reduction of its results) instead of `.max()`.
 W5  W1's full reads over HTTP from a loopback server that answers each request after 20 ms
@@ -81,6 +83,10 @@ def _cutouts(shape, n=500, size=64, seed=0):
 def worker(task: str, reader: str, path: str) -> dict:
     import numpy as np
 
+    # "@block" (D, M): both readers on our default blocks (`chunks={}`), not storage chunks
+    block = reader.endswith("@block")
+    reader = reader.removesuffix("@block")
+
     if task == "P":
         import dask.array  # noqa: F401
         import xarray as xr
@@ -126,6 +132,13 @@ def worker(task: str, reader: str, path: str) -> dict:
         # environment, the same for any engine and paid at a user's first open only, so it goes
         # with the imports (docs/benchmarks.md says how much it is).
         sys.modules["xarray"].backends.plugins.list_engines()
+    block_shape = None
+    if block and reader == "ts-dask":  # the blocks ours chose: a parameter, not work to time
+        from xarray_precomputed.reading.volume import Volume
+
+        reader0 = Volume.open(path).scale(0)
+        block_shape = (*xarray_precomputed.backends.precomputed.preferred_chunk_shape(reader0),
+                       reader0.info.num_channels)
     # The imports leave a full garbage collection due (~90k new objects); whichever reader
     # allocates first would pay it (~50 ms here) inside its timing. It is part of the imports.
     gc.collect()
@@ -144,13 +157,14 @@ def worker(task: str, reader: str, path: str) -> dict:
         result = {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                   "bytes": int(arr.nbytes), "tasks": int(arr.npartitions), "checksum": checksum}
     elif task in ("D", "M"):
-        if reader.startswith("ours"):  # the same (storage) chunks as TensorStore's below
-            ds = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks="chunk")
+        if reader.startswith("ours"):  # the same chunks as TensorStore's below
+            ds = xr.open_dataset(path, engine="precomputed", chunks={},
+                                 preferred_chunks="block" if block else "chunk")
             arr = ds[ds.attrs["type"]].data
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
-            chunks = (*t.chunk_layout.read_chunk.shape[:3], t.shape[3])
+            chunks = block_shape or (*t.chunk_layout.read_chunk.shape[:3], t.shape[3])
             arr = dask.array.from_array(_TsArray(t), chunks=chunks)
         if task == "D":
             m = int(arr.max().compute())
@@ -450,18 +464,20 @@ def main() -> None:
             for vol in raw_vols:
                 for reader in _rotated(("ours", "ts", "cv", "ours-C"), rnd):
                     record(("R", vol, reader), run_one("R", reader, paths[vol]))
-        if "D" in only:
+        for task in ("D", "M"):
+            if task not in only:
+                continue
             for vol in dask_vols:
                 for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
-                    record(("D", vol, reader), run_one("D", reader, paths[vol]))
-        if "M" in only:
-            for vol in dask_vols:
-                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
-                    record(("M", vol, reader), run_one("M", reader, paths[vol]))
+                    record((task, vol, reader), run_one(task, reader, paths[vol]))
+            for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
+                for reader in _rotated(("ours-dask", "ts-dask"), rnd):
+                    record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))
         if "P" in only:
-            for where, url in (("seg", paths["seg"]), ("seg@http", f"{server[1]}/seg")):
+            for where, url in (("seg", paths["seg"]), ("em", paths["em"]),
+                               ("seg@http", f"{server[1]}/seg"), ("em@http", f"{server[1]}/em")):
                 for op in ("max", "values"):
-                    for mode in ("shard", "chunk"):
+                    for mode in _rotated(("block", "chunk"), rnd):
                         _server_counts(server[1])
                         r = run_one("P", f"{mode}-{op}", url)
                         r["server"] = _server_counts(server[1])
@@ -595,20 +611,20 @@ def report(results) -> str:
                          + f" | {ours / peer:.2f}x | {ours / other:.2f}x{errs}")
         lines.append("")
     if any(k[0] == "P" for k in results):
-        lines += ["P preferred chunks, chunks={} | shard s | shard CPU s | chunk s | chunk CPU s | "
-                  "shard / chunk speed | tasks shard / chunk | requests shard / chunk",
+        lines += ["P preferred chunks, chunks={} | block s | block CPU s | chunk s | chunk CPU s | "
+                  "block / chunk speed | tasks block / chunk | requests block / chunk",
                   "--- | --- | --- | --- | --- | --- | --- | ---"]
         for case in dict.fromkeys(k[1] for k in results if k[0] == "P"):
-            rs = {m: results.get(("P", case, m), []) for m in ("shard", "chunk")}
+            rs = {m: results.get(("P", case, m), []) for m in ("block", "chunk")}
             sec = {m: _med(v, "seconds") for m, v in rs.items()}
             cpu = {m: _med(v, "cpu") for m, v in rs.items()}
             req = {m: (statistics.median([x["server"]["requests"] for x in v if "server" in x])
                        if "@" in case and v else 0) for m, v in rs.items()}
-            lines.append(f"{case} | {sec['shard']:.3f} | {cpu['shard']:.3f} | {sec['chunk']:.3f} | "
-                         f"{cpu['chunk']:.3f} | {sec['chunk'] / sec['shard']:.2f}x | "
-                         f"{_med(rs['shard'], 'tasks'):g} / {_med(rs['chunk'], 'tasks'):g} | "
-                         f"{req['shard']:g} / {req['chunk']:g}"
-                         f"{_err(rs['shard'])}{_err(rs['chunk'])}")
+            lines.append(f"{case} | {sec['block']:.3f} | {cpu['block']:.3f} | {sec['chunk']:.3f} | "
+                         f"{cpu['chunk']:.3f} | {sec['chunk'] / sec['block']:.2f}x | "
+                         f"{_med(rs['block'], 'tasks'):g} / {_med(rs['chunk'], 'tasks'):g} | "
+                         f"{req['block']:g} / {req['chunk']:g}"
+                         f"{_err(rs['block'])}{_err(rs['chunk'])}")
         lines.append("")
     if any(k[0] == "W2" for k in results):
         lines += ["W2 500 random 64³ cutouts | reader | cold s | warm s | requests/cutout cold | warm",

@@ -10,6 +10,8 @@ unsharded raw, sharded raw (gzip data) and sharded compressed_segmentation.
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 from pathlib import Path
@@ -386,8 +388,18 @@ def test_coordinates_and_metadata(volumes, volume, scale):
     # is the whole volume where shard files are not boxes (it then writes everything at once).
     write = [min(w, n) for w, n in zip(_ts_layout(path, scale).write_chunk.shape, s["size"])]
     n_files = len(list((path / s["key"]).glob("*.shard")))
-    expected = s["chunk_sizes"][0] if write == s["size"] and n_files > 1 else write
-    assert da.encoding["preferred_chunks"] == dict(zip("xyz", expected), channel=3)
+    boxes = sharding is not None and not (write == s["size"] and n_files > 1)
+    expected = write if boxes else s["chunk_sizes"][0]
+    by_shard = xr.open_dataset(path, engine="precomputed", scale=scale, preferred_chunks="shard")
+    assert by_shard[vtype].encoding["preferred_chunks"] == dict(zip("xyz", expected), channel=3)
+    # the default: the same where shards are boxes, else storage chunks grouped up to 16 MiB
+    block = [da.encoding["preferred_chunks"][d] for d in "xyz"]
+    if boxes:
+        assert block == expected
+    else:
+        for b, c, n in zip(block, s["chunk_sizes"][0], s["size"]):
+            assert b % c == 0 or b == n
+        assert math.prod(block) * 3 * da.dtype.itemsize <= 16 << 20
     chunked = xr.open_dataset(path, engine="precomputed", scale=scale, preferred_chunks="chunk")
     assert chunked[vtype].encoding["preferred_chunks"] == {
         "x": s["chunk_sizes"][0][0], "y": s["chunk_sizes"][0][1], "z": s["chunk_sizes"][0][2],
@@ -414,8 +426,9 @@ def test_scales_line_up_physically(volumes):
 
 def test_chunks_follow_preferred_chunks(volumes):
     """chunks={} follows preferred_chunks: on scale 1, whose shard files are 2x2x2 boxes of
-    chunks (TensorStore's write chunk), that box; with preferred_chunks="chunk", and on scale 0
-    (whose shard files are not boxes), the storage chunk."""
+    chunks (TensorStore's write chunk), that box; with preferred_chunks="chunk" the storage
+    chunk; on scale 0 (whose shard files are not boxes) storage chunks grouped up to 16 MiB (the
+    whole of this small scale), or with preferred_chunks="shard" the storage chunk."""
     path, truth, _ = volumes["raw_sharded"]
     assert tuple(_ts_layout(path, 1).write_chunk.shape) == (16, 16, 16, 3)
     da = xr.open_dataset(path, engine="precomputed", scale=1, chunks={})["image"]
@@ -426,6 +439,9 @@ def test_chunks_follow_preferred_chunks(volumes):
     assert da.chunks == ((8, 8, 3), (8, 3), (8, 8, 3), (3,))
     np.testing.assert_array_equal(da.values, truth[1])
     da = xr.open_dataset(path, engine="precomputed", chunks={})["image"]
+    assert da.chunks == ((37,), (22,), (19,), (3,))
+    np.testing.assert_array_equal(da.values, truth[0])
+    da = xr.open_dataset(path, engine="precomputed", chunks={}, preferred_chunks="shard")["image"]
     assert da.chunks == ((8, 8, 8, 8, 5), (8, 8, 6), (4, 4, 4, 4, 3), (3,))
     np.testing.assert_array_equal(da.values, truth[0])
 

@@ -173,7 +173,11 @@ def test_storage_goes_to_encoding(vol):
     assert e["chunk_size"] == [16, 8, 4] and e["compressed_segmentation_block_size"] == [4, 4, 2]
     assert e["sharding"] == json.loads((vol / "info").read_text())["scales"][0]["sharding"]
     assert e["source"] == str(vol) and e["scale_key"] == "4_4_40" and e["size"] == [40, 24, 20]
-    assert e["preferred_chunks"] == {"x": 16, "y": 8, "z": 4, "channel": 1}
+    # shards not boxes of chunks: storage chunks grouped up to 16 MiB, here the whole scale
+    assert e["preferred_chunks"] == {"x": 40, "y": 24, "z": 20, "channel": 1}
+    storage = xr.open_dataset(vol, engine="precomputed", preferred_chunks="chunk")
+    assert storage["segmentation"].encoding["preferred_chunks"] == {"x": 16, "y": 8, "z": 4,
+                                                                   "channel": 1}
     assert not STORAGE_FIELDS & set(ds.attrs)
     assert ds.encoding["source"] == str(vol)
     assert not STORAGE_FIELDS & set(xr.open_datatree(vol, engine="precomputed").attrs)
@@ -256,26 +260,36 @@ def test_huge_graph_warns_before_dask_builds_it(huge, chunks, monkeypatch):
 
 def test_huge_graph_open_is_fast_and_silent_without_chunks(huge):
     t = time.perf_counter()
-    with pytest.warns(HugeGraphWarning, match="3.8e\\+09"):
-        ds = xr.open_dataset(huge, engine="precomputed", chunks={})
+    with pytest.warns(HugeGraphWarning, match="3.8e\\+09"):  # one task per storage chunk
+        ds = xr.open_dataset(huge, engine="precomputed", chunks={}, preferred_chunks="chunk")
     assert ds["segmentation"].data.npartitions > 10**9
     assert time.perf_counter() - t < 30  # not a benchmark: a hang guard (it takes ~0.2 s)
+    with pytest.warns(HugeGraphWarning, match="4.7e\\+08"):  # 128³ blocks of 8 chunks
+        xr.open_dataset(huge, engine="precomputed", chunks={})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lazy = xr.open_dataset(huge, engine="precomputed")  # lazy, no dask: no warning
-        small = xr.open_dataset(huge, engine="precomputed", scale=2, chunks={})  # 12k tasks
+        small = xr.open_dataset(huge, engine="precomputed", scale=2, chunks={},
+                                preferred_chunks="chunk")  # 12k tasks
+        blocks = xr.open_dataset(huge, engine="precomputed", scale=2, chunks={})
         sub = lazy.isel(x=slice(0, 128), y=slice(0, 128), z=slice(0, 64)).chunk(
-            lazy["segmentation"].encoding["preferred_chunks"])
+            {"x": 64, "y": 64, "z": 64})
     assert small["segmentation"].data.npartitions == 23 * 20 * 33
+    assert blocks["segmentation"].data.npartitions == 12 * 10 * 17
     assert sub["segmentation"].data.npartitions == 4
 
 
 def test_huge_tree_warns(huge):
     with pytest.warns(HugeGraphWarning) as rec:
-        xr.open_datatree(huge, engine="precomputed", chunks={})
+        xr.open_datatree(huge, engine="precomputed", chunks={}, preferred_chunks="chunk")
     names = " ".join(str(r.message) for r in rec)
     # s0: 3.8e9 tasks, s1: 7.4e6; s2 (1.5e4) is fine
     assert "'8_8_8'" in names and "'64_64_64'" in names and "'512_512_512'" not in names
+    with pytest.warns(HugeGraphWarning) as rec:
+        xr.open_datatree(huge, engine="precomputed", chunks={})
+    names = " ".join(str(r.message) for r in rec)
+    # 128³ blocks: s0 4.7e8 tasks; s1 9.3e5 is under the 1e6 limit
+    assert "'8_8_8'" in names and "'64_64_64'" not in names
 
 
 # ------------------------------------------------------------------------------ the example

@@ -106,6 +106,16 @@ def img(tmp_path_factory):
 # chunks=
 
 
+@pytest.fixture(autouse=True)
+def storage_chunk_blocks(monkeypatch):
+    """These volumes are a few MB, less than one default block (16 MiB locally): the tests here
+    are about blocks of storage chunks, reductions and selections across many of them, and the
+    memory order of each; test_63 covers the default blocks."""
+    from xarray_precomputed.backends import precomputed
+
+    monkeypatch.setattr(precomputed, "PREFERRED_CHUNKS", "chunk")
+
+
 @pytest.mark.parametrize("chunks, expected", [
     pytest.param({}, ((16, 16, 16, 16, 6), (16, 16, 13), (8, 8, 8, 8, 1), (2,)), id="storage"),
     pytest.param("auto", None, id="auto"),

@@ -24,7 +24,8 @@ def test_compute_survives_losing_a_worker_process(tmp_path):
             LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                          dashboard_address=None, silence_logs=50) as cluster, \
             Client(cluster) as client:
-        da = xr.open_dataset(f"{base}/vol", engine="precomputed", chunks={})["image"]
+        da = xr.open_dataset(f"{base}/vol", engine="precomputed", chunks={},
+                             preferred_chunks="chunk")["image"]  # a task per chunk
         before = set(client.scheduler_info()["workers"])
         fut = client.compute(da.data)
         victim = None

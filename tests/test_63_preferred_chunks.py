@@ -1,7 +1,8 @@
 """Preferred chunks (what `chunks={}` follows): on a scale whose shard files are aligned boxes of
 chunks, blocks that tile those boxes (the whole box from a remote store, up to dask's target
-chunk size; at most LOCAL_BLOCK_BYTES locally), else the storage chunk; `preferred_chunks=
-"chunk"` asks for storage chunks everywhere. The shard box is checked against TensorStore's write
+chunk size; at most LOCAL_BLOCK_BYTES locally); elsewhere (unsharded, hashed shards) storage
+chunks grouped into aligned boxes up to the same size; `preferred_chunks="shard"` keeps storage
+chunks there, `"chunk"` asks for storage chunks everywhere. The shard box is checked against TensorStore's write
 chunk, every block's voxels against TensorStore's read, and a dask task of a whole shard over
 HTTP against the server's request log (one request).
 """
@@ -9,6 +10,7 @@ HTTP against the server's request log (one request).
 from __future__ import annotations
 
 import math
+import warnings
 
 import dask
 import dask.array
@@ -50,20 +52,21 @@ def _write_chunk(url: str) -> tuple[int, ...]:
     return tuple(t.chunk_layout.write_chunk.shape)
 
 
-def _open(url, **kw) -> xr.DataArray:
-    return xr.open_dataset(url, engine="precomputed", chunks={}, **kw)["segmentation"]
+def _open(url, chunks=None, **kw) -> xr.DataArray:
+    return xr.open_dataset(url, engine="precomputed", chunks={} if chunks is None else chunks,
+                           **kw)["segmentation"]
 
 
-def _check_blocks(da: xr.DataArray, truth: np.ndarray, block) -> None:
-    """Every block is `block` (clipped at the far edges), lies inside one shard box, and equals
-    TensorStore's voxels; so do reductions over the blocks."""
+def _check_blocks(da: xr.DataArray, truth: np.ndarray, block, box=SHARD) -> None:
+    """Every block is `block` (clipped at the far edges), lies inside one shard box (`box`;
+    None: no shard boxes), and equals TensorStore's voxels; so do reductions over the blocks."""
     expect = tuple(tuple(min(b, n - i) for i in range(0, n, b)) for b, n in zip(block, SHAPE[:3]))
     assert da.chunks == (*expect, (2,))
-    for b, s, c in zip(block, SHARD, CHUNK):
+    for b, s, c in zip(block, box or block, CHUNK):
         assert s % b == 0 and b % c == 0  # whole storage chunks, tiling each shard
-    np.testing.assert_array_equal(da.data.blocks[1, 1, 1].compute(),
-                                  truth[block[0]:2 * block[0], block[1]:2 * block[1],
-                                        block[2]:2 * block[2]])
+    i = [min(1, len(e) - 1) for e in expect]  # the second block along each axis, if any
+    np.testing.assert_array_equal(da.data.blocks[i[0], i[1], i[2]].compute(),
+                                  truth[tuple(slice(k * b, (k + 1) * b) for k, b in zip(i, block))])
     np.testing.assert_array_equal(da.compute().values, truth)
     assert int(da.max().compute()) == int(truth.max())
     assert int((da == truth[3, 5, 7, 1]).sum().compute()) == int((truth == truth[3, 5, 7, 1]).sum())
@@ -106,16 +109,66 @@ def test_storage_chunks_on_request(volume):
     assert tree["s0"]["segmentation"].data.chunksize == (*SHARD, 2)
 
 
-def test_shards_that_are_not_boxes_give_storage_chunks(tmp_path):
+@pytest.fixture(scope="module", params=["unsharded", "murmurhash"])
+def unboxed(request, tmp_path_factory):
+    """The same grid of chunks with no shard boxes: unsharded, or shards chosen by a hash."""
     data = oracle.make_data(SHAPE, np.uint64, seed=8, labels=True)
-    path = oracle.write_volume(tmp_path / "m", data, chunk_size=CHUNK,
-                               encoding="compressed_segmentation", sharding=MURMUR)
+    sharding = MURMUR if request.param == "murmurhash" else None
+    path = oracle.write_volume(tmp_path_factory.mktemp("unboxed") / "m", data, chunk_size=CHUNK,
+                               encoding="compressed_segmentation", sharding=sharding)
+    truth = oracle.ts_read(path)
+    np.testing.assert_array_equal(truth, data)
+    return path, truth
+
+
+# Chunks of 16 x 16 x 8 voxels of 16 bytes (32 KiB): doubled along the shortest side first (x
+# before y before z on ties), while the block fits; the grid is 4 x 3 x 5 chunks, so the last
+# doublings stop at its edges (y: 3 chunks, z: 5) and the whole volume is 1.875 MiB.
+GROUPED = [(1, CHUNK), ((64 << 10) - 1, CHUNK), (64 << 10, (16, 16, 16)), (128 << 10, (32, 16, 16)),
+           (512 << 10, (32, 32, 32)), (1 << 20, (64, 32, 32)), (1536 << 10, (64, 48, 32)),
+           (16 << 20, SHAPE[:3])]
+
+
+@pytest.mark.parametrize("cap, block", GROUPED)
+def test_without_shard_boxes_blocks_group_storage_chunks(unboxed, cap, block, monkeypatch):
+    path, truth = unboxed
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_BYTES", cap)
     da = _open(path)
+    assert da.encoding["preferred_chunks"] == dict(zip("xyz", block), channel=2)
+    _check_blocks(da, truth, block, box=None)
+
+
+def test_without_shard_boxes_shard_mode_keeps_storage_chunks(unboxed):
+    path, truth = unboxed
+    da = _open(path, preferred_chunks="shard")  # the default before blocks grouped chunks
     assert da.encoding["preferred_chunks"] == dict(zip("xyz", CHUNK), channel=2)
-    _check_blocks(da, oracle.ts_read(path), CHUNK)
+    _check_blocks(da, truth, CHUNK)
+    tree = xr.open_datatree(path, engine="precomputed", chunks={}, preferred_chunks="shard")
+    assert tree["s0"]["segmentation"].chunks == da.chunks
 
 
-@pytest.mark.parametrize("bad", ["shards", "", 64, True])
+def test_remote_grouped_blocks_follow_dask_target(unboxed, monkeypatch):
+    """Over HTTP the block size is dask's target, not the local cap; every chunk of a block is
+    fetched once, and the voxels are TensorStore's."""
+    path, truth = unboxed
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_BYTES", 1)
+    with httpserver.serve(str(path.parent)) as (base, server), \
+            dask.config.set({"array.chunk-size": "128KiB"}):
+        url = f"{base}/{path.name}"
+        shard_reader.forget_cached_indices()
+        server.requests.clear()
+        da = _open(url)
+        assert da.data.chunksize == (32, 16, 16, 2)
+        np.testing.assert_array_equal(da.data.blocks[1, 2, 1].compute(), truth[32:64, 32:48, 16:32])
+        if not list(oracle.scale_dir(path).glob("*.shard")):
+            got = sorted(p.rsplit("/", 1)[1] for _, p, _ in server.requests
+                         if not p.endswith("/info"))
+            assert got == sorted(f"{x}-{x + 16}_{y}-{y + 16}_{z}-{z + 8}" for x in (32, 48)
+                                 for y in (32,) for z in (16, 24))
+        _check_blocks(da, truth, (32, 16, 16), box=None)
+
+
+@pytest.mark.parametrize("bad", ["shards", "", 64, True, "Block"])
 def test_bad_preferred_chunks_raise(volume, bad):
     path, _ = volume
     with pytest.raises(ArgumentError, match="preferred_chunks"):
@@ -143,3 +196,32 @@ def test_remote_blocks_are_whole_shards_each_one_request(volume, monkeypatch):
         got = sorted({p.rsplit("/", 1)[1] for _, p, _ in server.requests
                       if not p.endswith("/info")})
         assert got == shards
+
+
+@pytest.mark.parametrize("chunks, expected", [
+    ({"x": 16, "y": 16, "z": 8}, ((16,) * 4, (16, 16, 16), (8,) * 5)),
+    (16, ((16,) * 4, (16, 16, 16), (16, 16, 8))),
+    ({"z": 8}, (None, None, (8,) * 5)),  # None: as the default block
+    ({"x": -1, "z": 16}, ((64,), None, (16, 16, 8))),
+], ids=str)
+def test_sizes_given_that_split_no_storage_chunk_do_not_warn(unboxed, volume, chunks, expected):
+    """Where the caller gives sizes, the storage chunk is reported as preferred: xarray's warning
+    about splitting stored chunks stays quiet for sizes that split none (our blocks are not
+    stored chunks), on grouped and on shard-aligned defaults; the blocks are as asked, and the
+    dims not given follow the default block."""
+    for path, truth in (unboxed, volume):
+        default = _open(path).chunks
+        assert default[:3] != ((16,) * 4, (16, 16, 16), (8,) * 5)  # not storage chunks
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            da = _open(path, chunks=chunks)
+        assert da.chunks == (*(e or d for e, d in zip(expected, default)), (2,))
+        np.testing.assert_array_equal(da.compute().values, truth)
+
+
+def test_sizes_that_split_storage_chunks_still_warn(unboxed):
+    path, truth = unboxed
+    with pytest.warns(UserWarning, match='separate the stored chunks along dimension "x"'):
+        da = _open(path, chunks={"x": 8})
+    assert da.chunks[0] == (8,) * 8
+    np.testing.assert_array_equal(da.compute().values, truth)

@@ -116,6 +116,20 @@ def chunks_requested() -> bool:
     return found and chunks is not None
 
 
+def dims_given_sizes(dims: Iterable[str]) -> set[str]:
+    """The dims whose dask chunk sizes the caller's chunks= names (numbers, tuples, -1; not
+    "auto", not None). There the backend reports the storage chunk as preferred, so xarray warns
+    only when those sizes split storage chunks, not our larger default blocks."""
+    found, chunks, _ = _requested_chunks()
+    if not found or chunks is None or isinstance(chunks, str):
+        return set()
+    if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, bool):
+        return set(dims)
+    if isinstance(chunks, dict):
+        return {d for d in dims if chunks.get(d) is not None and not isinstance(chunks[d], str)}
+    return set()
+
+
 def task_count(chunks: Any, dims, shape, preferred: dict, dtype) -> int:
     """How many blocks xarray will ask dask for, computed as xarray's _get_chunk does (the
     requested size per dim, else the preferred one, normalised by dask's rules), but only as

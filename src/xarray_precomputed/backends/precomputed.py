@@ -21,6 +21,7 @@ from .conventions import (
     check_bool,
     check_options,
     chunks_requested,
+    dims_given_sizes,
     drop,
     pick_scale,
     warn_if_huge,
@@ -34,15 +35,17 @@ DIMS = ("x", "y", "z", "channel")
 # Fortran blocks there, in one thread, cost up to 7x the whole read.
 RESULT_ORDER = "F"
 DASK_ORDER = "C"
-# What `preferred_chunks` (and so `chunks={}`) follows on sharded scales: "shard" (the box of
-# chunks one shard file holds, cut down to dask's target chunk size) or "chunk" (the storage
-# chunk). Chosen by measurement (docs/design.md, "Preferred chunks").
-PREFERRED_CHUNKS = "shard"
-# The most bytes of a shard-aligned block read from local storage: below glibc's largest mmap
-# threshold (32 MiB) and our large-result size, a block's memory is reused by the next one; a
-# larger block is fresh pages, whose first touch cost 2.5x the CPU of the reduction using it.
+# What `preferred_chunks` (and so `chunks={}`) follows: "block" (on a scale whose shard files
+# are aligned boxes of chunks, that box cut down to the block size; elsewhere storage chunks
+# grouped up to the block size), "shard" (the shard box where there is one, else the storage
+# chunk) or "chunk" (the storage chunk). Chosen by measurement (docs/design.md, "Preferred
+# chunks").
+PREFERRED_CHUNKS = "block"
+# The most bytes of a block read from local storage: below glibc's largest mmap threshold
+# (32 MiB) and our large-result size, a block's memory is reused by the next one; a larger block
+# is fresh pages, whose first touch cost 2.5x the CPU of the reduction using it.
 LOCAL_BLOCK_BYTES = 16 << 20
-_PREFERRED = ("shard", "chunk")
+_PREFERRED = ("block", "shard", "chunk")
 
 
 class PrecomputedBackendArray(BackendArray):
@@ -115,7 +118,7 @@ def scale_dataset(reader: ScaleReader, preferred: str | None = None) -> xr.Datas
     order = DASK_ORDER if chunks_requested() else None
     data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader, order))
     var = xr.Variable(DIMS, data, attrs)
-    var.encoding.update(storage_encoding(reader, preferred))
+    var.encoding.update(storage_encoding(reader, preferred, dims_given_sizes(DIMS)))
     ds = xr.Dataset({info.type: var}, coords=_coords(scale, info.num_channels))
     ds.attrs = {"type": info.type}
     ds.encoding = {"source": reader.url, "scale_key": scale.key}
@@ -124,32 +127,54 @@ def scale_dataset(reader: ScaleReader, preferred: str | None = None) -> xr.Datas
 
 def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> tuple[int, ...]:
     """The x, y, z extent of the dask chunks `chunks={}` gives. "chunk": the storage chunk.
-    "shard": on a scale whose shard files are aligned boxes of chunks, that box, halved along
-    its longest side (whole chunks, so blocks still tile each shard) until it fits the block
-    size: dask's target chunk size (`array.chunk-size`) from a remote store, where a block
-    holding a whole shard is one request; at most LOCAL_BLOCK_BYTES locally, where requests
-    cost nothing and smaller blocks reuse memory (docs/design.md, "Preferred chunks").
-    Elsewhere the storage chunk."""
+    "shard" and "block": on a scale whose shard files are aligned boxes of chunks, that box,
+    halved along its longest side (whole chunks, so blocks still tile each shard) until it fits
+    the block size. "block" elsewhere (unsharded scales, hashed shards): storage chunks grouped
+    into an aligned box, doubled along its shortest side while it fits the block size, so a task
+    reads many chunks at once. "shard" elsewhere: the storage chunk. The block size is dask's
+    target chunk size (`array.chunk-size`) from a remote store, where a block holding a whole
+    shard is one request and a block of many chunks fetches them concurrently; at most
+    LOCAL_BLOCK_BYTES locally, where smaller blocks reuse memory (docs/design.md, "Preferred
+    chunks")."""
     preferred = PREFERRED_CHUNKS if preferred is None else preferred
-    if preferred not in _PREFERRED:
+    if not isinstance(preferred, str) or preferred not in _PREFERRED:
         raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
     chunk, size = reader.chunk_size, reader.scale_info.size
-    shard = reader.shard_shape if preferred == "shard" else None
-    if shard is None:
+    if preferred == "chunk":
         return tuple(chunk)
-    cells = [-(-s // c) for s, c in zip(shard, chunk)]
+    shard = reader.shard_shape
+    if shard is None and preferred == "shard":
+        return tuple(chunk)
     voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
     target = _dask_target_bytes()
     if not reader.is_remote:
         target = min(target, LOCAL_BLOCK_BYTES)
+    grid = [-(-s // c) for s, c in zip(size, chunk)]
 
-    def extent(axis: int) -> int:
+    def extent(cells: list[int], axis: int) -> int:
         return min(cells[axis] * chunk[axis], size[axis])
 
-    while math.prod(extent(a) for a in range(3)) * voxel_bytes > target and max(cells) > 1:
-        longest = max((a for a in range(3) if cells[a] > 1), key=extent)
-        cells[longest] = -(-cells[longest] // 2)
-    return tuple(extent(a) for a in range(3))
+    def nbytes(cells: list[int]) -> int:
+        return math.prod(extent(cells, a) for a in range(3)) * voxel_bytes
+
+    if shard is not None:
+        cells = [-(-s // c) for s, c in zip(shard, chunk)]
+        while nbytes(cells) > target and max(cells) > 1:
+            longest = max((a for a in range(3) if cells[a] > 1), key=lambda a: extent(cells, a))
+            cells[longest] = -(-cells[longest] // 2)
+        return tuple(extent(cells, a) for a in range(3))
+    cells = [1, 1, 1]
+    while True:
+        growable = [a for a in range(3) if cells[a] < grid[a]]
+        if not growable:
+            break
+        shortest = min(growable, key=lambda a: extent(cells, a))
+        bigger = list(cells)
+        bigger[shortest] = min(2 * cells[shortest], grid[shortest])
+        if nbytes(bigger) > target:
+            break
+        cells = bigger
+    return tuple(extent(cells, a) for a in range(3))
 
 
 def _dask_target_bytes() -> int:
@@ -161,11 +186,16 @@ def _dask_target_bytes() -> int:
     return int(parse_bytes(dask.config.get("array.chunk-size")))
 
 
-def storage_encoding(reader: ScaleReader, preferred: str | None = None) -> dict[str, Any]:
+def storage_encoding(reader: ScaleReader, preferred: str | None = None,
+                     sized: Iterable[str] = ()) -> dict[str, Any]:
+    """What goes to a variable's `.encoding`. `sized`: dims whose dask chunk sizes the caller
+    gave; their preferred chunk is the storage chunk, which xarray then warns about splitting
+    (our default blocks would make it warn about sizes that split no stored chunk)."""
     info, scale = reader.info, reader.scale_info
+    block = preferred_chunk_shape(reader, preferred)
+    preferred_xyz = [c if d in sized else b for d, b, c in zip(DIMS, block, reader.chunk_size)]
     enc: dict[str, Any] = {
-        "preferred_chunks": dict(zip(DIMS, (*preferred_chunk_shape(reader, preferred),
-                                            info.num_channels))),
+        "preferred_chunks": dict(zip(DIMS, (*preferred_xyz, info.num_channels))),
         "dtype": reader.dtype,
         "source": reader.url,
         "scale_key": scale.key,
@@ -217,8 +247,9 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
         """One scale: `scale=` an index, key or resolution, or `group="s<k>"` (default scale 0).
-        `preferred_chunks` ("shard", the default, or "chunk") is what `chunks={}` follows on a
-        sharded scale: shard-aligned blocks near dask's target size, or storage chunks.
+        `preferred_chunks` is what `chunks={}` follows: "block" (the default: shard-aligned
+        blocks where shards are boxes, storage chunks grouped elsewhere, at most dask's target
+        size, 16 MiB locally), "shard" (shard-aligned blocks, else storage chunks) or "chunk".
         The decoding arguments are accepted for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
