@@ -321,3 +321,22 @@ def test_single_flight_shares_storage_failures_only(error, shared):
     with util.single_flight(key):  # later arrivals try again
         ran.append("later")
     assert ran[-1] == "later" and util.inflight_keys() == 0
+
+
+def test_settle_does_not_wait_for_cancelled_tasks_to_reach_a_thread():
+    """A failed read settles its tasks: those queued are cancelled, and it returns once the
+    running ones end, not when a busy pool's threads (here all blocked on other work) next take
+    the cancelled ones off the queue."""
+    pool = ThreadPoolExecutor(1)
+    release = threading.Event()
+    blocker = pool.submit(release.wait, 30)
+    queued = [pool.submit(int) for _ in range(3)]
+    caller = threading.Thread(target=util.settle, args=(queued,))
+    caller.start()
+    caller.join(timeout=5)  # a hang guard: it returns at once
+    returned = not caller.is_alive()
+    release.set()
+    caller.join()
+    blocker.result()
+    pool.shutdown()
+    assert returned and all(f.cancelled() for f in queued)

@@ -158,9 +158,9 @@ def settle(tasks: list[Future]) -> None:
     """Cancel the tasks not started and wait for those running, so that a read that fails leaves
     no work behind: tasks still fetching would go on sending requests, and retrying them, after
     the caller had its error (and into the next read's request counts)."""
-    for f in tasks:
-        f.cancel()
-    wait(tasks)
+    # Only those that could not be cancelled: `wait` counts a cancelled task as done only once a
+    # pool thread has taken it off the queue, which on a busy pool is whenever one frees up.
+    wait([f for f in tasks if not f.cancel()])
 
 
 def wait_all(tasks: list[Future]) -> None:
@@ -171,3 +171,4 @@ def wait_all(tasks: list[Future]) -> None:
             f.result()
     finally:
         settle(tasks)
+
