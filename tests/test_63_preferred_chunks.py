@@ -138,6 +138,19 @@ def test_without_shard_boxes_blocks_group_storage_chunks(unboxed, cap, block, mo
     _check_blocks(da, truth, block, box=None)
 
 
+def test_local_blocks_are_capped_in_elements_too(unboxed, volume, monkeypatch):
+    """Locally a block also holds at most LOCAL_BLOCK_ELEMENTS voxels x channels (so a uint8
+    block's float temporaries stay reusable); here 8192 elements: 2 chunks of 16 x 16 x 8 x 2,
+    or half a shard box along its longest side twice. Remote blocks follow dask's target only."""
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_ELEMENTS", 8192)
+    path, truth = unboxed
+    _check_blocks(_open(path), truth, (16, 16, 16), box=None)
+    path, truth = volume
+    _check_blocks(_open(path), truth, (16, 16, 16))
+    with httpserver.serve(str(path.parent)) as (base, _server):
+        assert _open(f"{base}/{path.name}").data.chunksize == (*SHARD, 2)
+
+
 def test_without_shard_boxes_shard_mode_keeps_storage_chunks(unboxed):
     path, truth = unboxed
     da = _open(path, preferred_chunks="shard")  # the default before blocks grouped chunks

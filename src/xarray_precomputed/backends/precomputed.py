@@ -45,6 +45,11 @@ PREFERRED_CHUNKS = "block"
 # (32 MiB) and our large-result size, a block's memory is reused by the next one; a larger block
 # is fresh pages, whose first touch cost 2.5x the CPU of the reduction using it.
 LOCAL_BLOCK_BYTES = 16 << 20
+# And at most this many elements (voxels x channels): a computation on a block makes float
+# temporaries 4-8x a uint8 block's bytes, and past glibc's largest mmap threshold those are fresh
+# pages for every block (uint8 `map_blocks(float32 * 2).sum()`: 4 MiB blocks 0.18-0.26 s against
+# 0.20-0.42 s in 16 MiB ones, `.max()` the same either way; docs/design.md, "Preferred chunks").
+LOCAL_BLOCK_ELEMENTS = 4 << 20
 _PREFERRED = ("block", "shard", "chunk")
 
 
@@ -133,9 +138,9 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
     into an aligned box, doubled along its shortest side while it fits the block size, so a task
     reads many chunks at once. "shard" elsewhere: the storage chunk. The block size is dask's
     target chunk size (`array.chunk-size`) from a remote store, where a block holding a whole
-    shard is one request and a block of many chunks fetches them concurrently; at most
-    LOCAL_BLOCK_BYTES locally, where smaller blocks reuse memory (docs/design.md, "Preferred
-    chunks")."""
+    shard is one request and a block of many chunks fetches them concurrently; locally at most
+    LOCAL_BLOCK_BYTES and LOCAL_BLOCK_ELEMENTS, where smaller blocks (and the temporaries
+    computed from them) reuse memory (docs/design.md, "Preferred chunks")."""
     preferred = PREFERRED_CHUNKS if preferred is None else preferred
     if not isinstance(preferred, str) or preferred not in _PREFERRED:
         raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
@@ -148,7 +153,7 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
     voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
     target = _dask_target_bytes()
     if not reader.is_remote:
-        target = min(target, LOCAL_BLOCK_BYTES)
+        target = min(target, LOCAL_BLOCK_BYTES, LOCAL_BLOCK_ELEMENTS * reader.dtype.itemsize)
     grid = [-(-s // c) for s, c in zip(size, chunk)]
 
     def extent(cells: list[int], axis: int) -> int:
