@@ -142,7 +142,7 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
     LOCAL_BLOCK_BYTES and LOCAL_BLOCK_ELEMENTS, where smaller blocks (and the temporaries
     computed from them) reuse memory (docs/design.md, "Preferred chunks")."""
     preferred = PREFERRED_CHUNKS if preferred is None else preferred
-    if not isinstance(preferred, str) or preferred not in _PREFERRED:
+    if preferred not in _PREFERRED:
         raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
     chunk, size = reader.chunk_size, reader.scale_info.size
     if preferred == "chunk":

@@ -144,29 +144,13 @@ static inline void stream_line(char *dst, const uint8_t *src)
 }
 #define LAYOUT_SSE2 1
 #else
-static inline void transpose16(const uint8_t *in, Py_ssize_t is, uint8_t *out, Py_ssize_t os)
+/* Without SSE2: one element-wise transpose of a 16-byte block for every element size. */
+static inline void transpose_block_scalar(const char *in, char *out, int itemsize)
 {
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++)
-            out[j * os + i] = in[i * is + j];
-}
-static inline void transpose8x16(const char *in, Py_ssize_t is, char *out, Py_ssize_t os)
-{
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++)
-            memcpy(out + j * os + 2 * i, in + i * is + 2 * j, 2);
-}
-static inline void transpose4x32(const char *in, Py_ssize_t is, char *out, Py_ssize_t os)
-{
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++)
-            memcpy(out + j * os + 4 * i, in + i * is + 4 * j, 4);
-}
-static inline void transpose2x64(const char *in, Py_ssize_t is, char *out, Py_ssize_t os)
-{
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            memcpy(out + j * os + 8 * i, in + i * is + 8 * j, 8);
+    const int n = 16 / itemsize;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            memcpy(out + j * 64 + itemsize * i, in + i * 64 + itemsize * j, itemsize);
 }
 #define LAYOUT_SSE2 0
 #endif
@@ -196,6 +180,7 @@ static inline int transpose_tile(const char *splane, char *dplane, Py_ssize_t z0
         for (Py_ssize_t bx = 0; bx < tx; bx += block) {
             const char *in = (const char *)&sbuf[bz][itemsize * bx];
             char *out = (char *)&dbuf[bx][itemsize * bz];
+#if LAYOUT_SSE2
             if (itemsize == 1)
                 transpose16((const uint8_t *)in, 64, (uint8_t *)out, 64);
             else if (itemsize == 2)
@@ -204,6 +189,9 @@ static inline int transpose_tile(const char *splane, char *dplane, Py_ssize_t z0
                 transpose4x32(in, 64, out, 64);
             else
                 transpose2x64(in, 64, out, 64);
+#else
+            transpose_block_scalar(in, out, itemsize);
+#endif
         }
     for (Py_ssize_t x = 0; x < tx; x++) {
         char *drow = dplane + (x0 + x) * ds[0] + z0 * itemsize;
