@@ -20,9 +20,10 @@ W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
 W4  dask.distributed LocalCluster, 2 worker processes of 1 thread, W1's sharded volume and its
-    4x (seg-x4, 1024x1024x256, 2 GiB): GB/s of
-    a whole `.compute()` and of a `.max()` (warm, median of 3) against the same `.max()` with
-    dask's threads (2) in another process; the storage requests each worker made.
+    4x (seg-x4, 1024x1024x256, 2 GiB), opened `chunks={}` with the client running (so in blocks
+    of dask's `array.chunk-size`): GB/s of a whole `.compute()` and of a `.max()` (warm, median of
+    3) against the same `.max()` with dask's threads (2) in another process (`chunks={}` there:
+    the local blocks); the storage requests each worker made.
 R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, uint64, each in
     64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
     stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
@@ -31,6 +32,9 @@ D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and 
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
     rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
+    `dask-floor` is no reader: the same computation over `da.from_array` of the same blocks, each a
+    fresh `np.ones` (what dask and numpy alone cost); `dask-floor / faster peer` is the ratio a
+    reader costing nothing would reach.
 P   preferred chunks, `chunks={}` with the default `preferred_chunks="block"` (on the sharded
     seg shard-aligned blocks, on the unsharded em storage chunks grouped; at most 16 MiB
     locally, dask's `array.chunk-size` remotely) against `"chunk"` (the storage chunk): `.max()`
@@ -133,7 +137,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         # with the imports (docs/benchmarks.md says how much it is).
         sys.modules["xarray"].backends.plugins.list_engines()
     block_shape = None
-    if block and reader == "ts-dask":  # the blocks ours chose: a parameter, not work to time
+    if block and reader in ("ts-dask", "dask-floor"):  # ours' blocks: a parameter, not work
         from xarray_precomputed.reading.volume import Volume
 
         reader0 = Volume.open(path).scale(0)
@@ -161,6 +165,12 @@ def worker(task: str, reader: str, path: str) -> dict:
             ds = xr.open_dataset(path, engine="precomputed", chunks={},
                                  preferred_chunks="block" if block else "chunk")
             arr = ds[ds.attrs["type"]].data
+        elif reader == "dask-floor":  # no reader: every block is np.ones, as W1's dask-floor
+            info = json.loads(Path(path, "info").read_text())
+            s0 = info["scales"][0]
+            chunks = block_shape or (*s0["chunk_sizes"][0], info["num_channels"])
+            arr = dask.array.from_array(_OnesArray((*s0["size"], info["num_channels"]),
+                                                   info["data_type"]), chunks=chunks)
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -335,6 +345,20 @@ class _TsArray:
         return self.t[key].read().result()
 
 
+class _OnesArray:
+    """For dask.array.from_array: every block read is a fresh np.ones (D's and M's floor)."""
+
+    def __init__(self, shape, dtype):
+        import numpy as np
+
+        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
+
+    def __getitem__(self, key):
+        import numpy as np
+
+        return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype)
+
+
 def _Ones(shape, dtype, order="C"):
     """A backend array of the given shape whose every read is np.ones: a reader that costs only
     writing its chunk."""
@@ -468,10 +492,10 @@ def main() -> None:
             if task not in only:
                 continue
             for vol in dask_vols:
-                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
+                for reader in ("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"):
                     record((task, vol, reader), run_one(task, reader, paths[vol]))
-            for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
-                for reader in _rotated(("ours-dask", "ts-dask"), rnd):
+            for vol in dask_vols:  # all on the blocks `chunks={}` gives by default
+                for reader in _rotated(("ours-dask", "ts-dask", "dask-floor"), rnd):
                     record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))
         if "P" in only:
             for where, url in (("seg", paths["seg"]), ("em", paths["em"]),
@@ -592,23 +616,27 @@ def report(results) -> str:
         lines.append("")
     for task, title, readers, peers in (
             ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
-            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",)),
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask", "dask-floor"),
+             ("ts-dask",)),
             ("M", "M dask chunks={} map_blocks(float32 * 2).sum()",
-             ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
+             ("ours-dask", "ours-dask-F", "ts-dask", "dask-floor"), ("ts-dask",))):
         vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
         if not vols:
             continue
+        floor = "dask-floor" in readers  # the ratio a reader costing nothing would reach
         lines += [f"{title} | " + " | ".join(f"{r} GB/s" for r in readers)
-                  + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}",
-                  " | ".join(["---"] * (len(readers) + 3))]
+                  + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}"
+                  + (" | dask-floor / faster peer" if floor else ""),
+                  " | ".join(["---"] * (len(readers) + 3 + floor))]
         for vol in vols:
             rates = {r: _med(rs, "bytes") / _med(rs, "seconds") / 1e9
                      for r in readers if (rs := results.get((task, vol, r)))}
             peer = max((rates.get(r, float("nan")) for r in peers), default=float("nan"))
             ours, other = rates.get(readers[0], float("nan")), rates.get(readers[1], float("nan"))
             errs = "".join(_err(results.get((task, vol, r), [])) for r in readers)
+            best = f" | {rates.get('dask-floor', float('nan')) / peer:.2f}x" if floor else ""
             lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}" for r in readers)
-                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{errs}")
+                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{best}{errs}")
         lines.append("")
     if any(k[0] == "P" for k in results):
         lines += ["P preferred chunks, chunks={} | block s | block CPU s | chunk s | chunk CPU s | "
@@ -655,8 +683,8 @@ def report(results) -> str:
             reqs = [r.get("requests") for r in rs if "requests" in r]
             nbytes = _med(rs, "bytes")
             red, red_t = _med(rs, "reduce_seconds"), _med(th, "reduce_seconds")
-            lines.append(f"{vol}: GB/s read in a reduction (`.max()`, warm, {_med(rs, 'tasks'):g} "
-                         f"tasks; seconds {red:.3f} / {red_t:.3f}) | {nbytes / red / 1e9:.2f} | "
+            lines.append(f"{vol}: GB/s read in a reduction (`.max()`, warm, {_med(rs, 'tasks'):g} / "
+                         f"{_med(th, 'tasks'):g} tasks; seconds {red:.3f} / {red_t:.3f}) | {nbytes / red / 1e9:.2f} | "
                          f"{nbytes / red_t / 1e9:.2f} | {red_t / red:.2f}x{_err(rs)}{_err(th)}")
             lines.append(f"{vol}: GB/s delivered to the client (`.compute()`, first) | "
                          f"{nbytes / _med(rs, 'seconds') / 1e9:.2f} | | ")

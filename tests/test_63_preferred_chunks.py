@@ -181,6 +181,28 @@ def test_remote_grouped_blocks_follow_dask_target(unboxed, monkeypatch):
         _check_blocks(da, truth, (32, 16, 16), box=None)
 
 
+def test_blocks_follow_dask_target_under_a_distributed_client(volume, unboxed, monkeypatch):
+    """Opened while a dask.distributed client is the scheduler, local blocks are dask's target
+    size, not the local cap (a task costs the workers milliseconds); the voxels computed on the
+    cluster are TensorStore's. Unless the `scheduler` setting names the threads, and not once the
+    client is closed."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_BYTES", 1)
+    path, truth = volume
+    upath, utruth = unboxed
+    with dask.config.set({"array.chunk-size": "128KiB"}), \
+            LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cluster, Client(cluster):
+        da = _open(path)
+        assert da.data.chunksize == (16, 32, 16, 2)
+        _check_blocks(da, truth, (16, 32, 16))
+        _check_blocks(_open(upath), utruth, (32, 16, 16), box=None)
+        with dask.config.set(scheduler="threads"):
+            assert _open(path).data.chunksize == (*CHUNK, 2)
+    assert _open(path).data.chunksize == (*CHUNK, 2)
+
+
 @pytest.mark.parametrize("bad", ["shards", "", 64, True, "Block"])
 def test_bad_preferred_chunks_raise(volume, bad):
     path, _ = volume

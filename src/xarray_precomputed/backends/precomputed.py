@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any, Iterable
 
 import numpy as np
@@ -138,9 +139,11 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
     into an aligned box, doubled along its shortest side while it fits the block size, so a task
     reads many chunks at once. "shard" elsewhere: the storage chunk. The block size is dask's
     target chunk size (`array.chunk-size`) from a remote store, where a block holding a whole
-    shard is one request and a block of many chunks fetches them concurrently; locally at most
-    LOCAL_BLOCK_BYTES and LOCAL_BLOCK_ELEMENTS, where smaller blocks (and the temporaries
-    computed from them) reuse memory (docs/design.md, "Preferred chunks")."""
+    shard is one request and a block of many chunks fetches them concurrently, and wherever a
+    dask.distributed client is the scheduler when the dataset is opened, where each task costs
+    milliseconds of the workers' time; otherwise at most LOCAL_BLOCK_BYTES and
+    LOCAL_BLOCK_ELEMENTS, where smaller blocks (and the temporaries computed from them) reuse
+    memory (docs/design.md, "Preferred chunks")."""
     preferred = PREFERRED_CHUNKS if preferred is None else preferred
     if preferred not in _PREFERRED:
         raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
@@ -152,7 +155,7 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
         return tuple(chunk)
     voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
     target = _dask_target_bytes()
-    if not reader.is_remote:
+    if not reader.is_remote and not _cluster_scheduler():
         target = min(target, LOCAL_BLOCK_BYTES, LOCAL_BLOCK_ELEMENTS * reader.dtype.itemsize)
     grid = [-(-s // c) for s, c in zip(size, chunk)]
 
@@ -180,6 +183,17 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
             break
         cells = bigger
     return tuple(extent(cells, a) for a in range(3))
+
+
+def _cluster_scheduler() -> bool:
+    """Whether dask would run a computation on a dask.distributed client now (a default client,
+    unless the `scheduler` setting names another)."""
+    if "distributed" not in sys.modules:  # no client can exist without it
+        return False
+    import dask.base
+
+    scheduler = dask.base.get_scheduler()
+    return getattr(scheduler, "__module__", "").startswith("distributed")
 
 
 def _dask_target_bytes() -> int:
