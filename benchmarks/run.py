@@ -32,9 +32,6 @@ D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and 
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
     rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
-    `dask-floor` is no reader: the same computation over `da.from_array` of the same blocks, each a
-    fresh `np.ones` (what dask and numpy alone cost); `dask-floor / faster peer` is the ratio a
-    reader costing nothing would reach.
 P   preferred chunks, `chunks={}` with the default `preferred_chunks="block"` (on the sharded
     seg shard-aligned blocks, on the unsharded em storage chunks grouped; at most 16 MiB
     locally, dask's `array.chunk-size` remotely) against `"chunk"` (the storage chunk): `.max()`
@@ -137,7 +134,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         # with the imports (docs/benchmarks.md says how much it is).
         sys.modules["xarray"].backends.plugins.list_engines()
     block_shape = None
-    if block and reader in ("ts-dask", "dask-floor"):  # ours' blocks: a parameter, not work
+    if block and reader == "ts-dask":  # the blocks ours chose: a parameter, not work to time
         from xarray_precomputed.reading.volume import Volume
 
         reader0 = Volume.open(path).scale(0)
@@ -165,12 +162,6 @@ def worker(task: str, reader: str, path: str) -> dict:
             ds = xr.open_dataset(path, engine="precomputed", chunks={},
                                  preferred_chunks="block" if block else "chunk")
             arr = ds[ds.attrs["type"]].data
-        elif reader == "dask-floor":  # no reader: every block is np.ones, as W1's dask-floor
-            info = json.loads(Path(path, "info").read_text())
-            s0 = info["scales"][0]
-            chunks = block_shape or (*s0["chunk_sizes"][0], info["num_channels"])
-            arr = dask.array.from_array(_OnesArray((*s0["size"], info["num_channels"]),
-                                                   info["data_type"]), chunks=chunks)
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -345,20 +336,6 @@ class _TsArray:
         return self.t[key].read().result()
 
 
-class _OnesArray:
-    """For dask.array.from_array: every block read is a fresh np.ones (D's and M's floor)."""
-
-    def __init__(self, shape, dtype):
-        import numpy as np
-
-        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
-
-    def __getitem__(self, key):
-        import numpy as np
-
-        return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype)
-
-
 def _Ones(shape, dtype, order="C"):
     """A backend array of the given shape whose every read is np.ones: a reader that costs only
     writing its chunk."""
@@ -492,10 +469,10 @@ def main() -> None:
             if task not in only:
                 continue
             for vol in dask_vols:
-                for reader in ("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"):
+                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
                     record((task, vol, reader), run_one(task, reader, paths[vol]))
-            for vol in dask_vols:  # all on the blocks `chunks={}` gives by default
-                for reader in _rotated(("ours-dask", "ts-dask", "dask-floor"), rnd):
+            for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
+                for reader in _rotated(("ours-dask", "ts-dask"), rnd):
                     record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))
         if "P" in only:
             for where, url in (("seg", paths["seg"]), ("em", paths["em"]),
@@ -616,27 +593,23 @@ def report(results) -> str:
         lines.append("")
     for task, title, readers, peers in (
             ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
-            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask", "dask-floor"),
-             ("ts-dask",)),
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",)),
             ("M", "M dask chunks={} map_blocks(float32 * 2).sum()",
-             ("ours-dask", "ours-dask-F", "ts-dask", "dask-floor"), ("ts-dask",))):
+             ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
         vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
         if not vols:
             continue
-        floor = "dask-floor" in readers  # the ratio a reader costing nothing would reach
         lines += [f"{title} | " + " | ".join(f"{r} GB/s" for r in readers)
-                  + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}"
-                  + (" | dask-floor / faster peer" if floor else ""),
-                  " | ".join(["---"] * (len(readers) + 3 + floor))]
+                  + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}",
+                  " | ".join(["---"] * (len(readers) + 3))]
         for vol in vols:
             rates = {r: _med(rs, "bytes") / _med(rs, "seconds") / 1e9
                      for r in readers if (rs := results.get((task, vol, r)))}
             peer = max((rates.get(r, float("nan")) for r in peers), default=float("nan"))
             ours, other = rates.get(readers[0], float("nan")), rates.get(readers[1], float("nan"))
             errs = "".join(_err(results.get((task, vol, r), [])) for r in readers)
-            best = f" | {rates.get('dask-floor', float('nan')) / peer:.2f}x" if floor else ""
             lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}" for r in readers)
-                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{best}{errs}")
+                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{errs}")
         lines.append("")
     if any(k[0] == "P" for k in results):
         lines += ["P preferred chunks, chunks={} | block s | block CPU s | chunk s | chunk CPU s | "
