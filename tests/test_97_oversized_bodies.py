@@ -1,7 +1,8 @@
 """Answers larger than what was asked for: a server that sends an endless body (with a huge
 Content-Length, or chunked without one), or more bytes than a range holds, is refused with a
 StorageError naming the URL once the value's bound is passed, through either HTTP client; nothing
-hangs and nothing holds more than the bound."""
+hangs and nothing holds more than the bound. Other fsspec file systems (memory here) read a
+whole value only up to its bound too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import pytest
 
 from xarray_precomputed import Volume
-from xarray_precomputed.errors import StorageError
+from xarray_precomputed.errors import CorruptChunkError, StorageError
 from xarray_precomputed.storage import open_store
 
 INFO = {"type": "image", "data_type": "uint8", "num_channels": 1, "scales": [{
@@ -122,3 +123,59 @@ def test_a_range_answered_with_more_bytes_is_refused(client):
         assert srv.sent < 64 << 20
     finally:
         srv.close()
+
+
+def test_other_file_systems_read_whole_values_only_up_to_the_bound():
+    """fsspec file systems without a client of ours (memory here; sftp, abfs, zip, ... likewise)
+    read a whole value only up to its bound: a stray huge file is refused, naming it."""
+    import uuid
+
+    store = open_store(f"memory://xp-{uuid.uuid4().hex}/v")
+    big = b"\1" * (1 << 20)
+    store.write("s0/big", big)
+    with pytest.raises(StorageError, match=r"at least (\d+) bytes where at most (\d+)") as e:
+        store.read("s0/big", limit=1000)
+    assert "memory://" in str(e.value) and "s0/big" in str(e.value)
+    assert int(re.search(r"at most (\d+)", str(e.value)).group(1)) < 1 << 20
+    assert store.read("s0/big", limit=1 << 20) == big
+    assert store.read("s0/big") == big  # no limit: the store's default bound (1 GiB)
+
+
+def test_a_volume_whose_chunk_file_is_far_too_large_names_the_chunk():
+    import uuid
+
+    import numpy as np
+
+    url = f"memory://xp-{uuid.uuid4().hex}/v"
+    store = open_store(url)
+    store.write("info", json.dumps(INFO).encode())
+    # a 256 KiB chunk's file at 16 MiB: past the bound of any stored form of the chunk (16 bytes
+    # a voxel + 1 MiB), so not read whole
+    store.write("s0/0-64_0-64_0-64", b"\1" * (16 << 20))
+    with pytest.raises(StorageError, match="at most") as e:
+        Volume.open(url).scale(0).read()
+    assert "s0/0-64_0-64_0-64" in str(e.value)
+    store.write("s0/0-64_0-64_0-64", b"\1" * (4 << 20))  # within the bound: the codec refuses it
+    with pytest.raises(CorruptChunkError, match="4194304 bytes, expected 262144") as e:
+        Volume.open(url).scale(0).read()
+    assert "s0/0-64_0-64_0-64" in str(e.value)
+    store.write("s0/0-64_0-64_0-64", b"\1" * (64 ** 3))
+    assert (Volume.open(url).scale(0).read() == 1).all()
+    assert np.asarray(Volume.open(url).scale(0).read()).dtype == np.uint8
+
+
+def test_async_file_systems_without_our_client_ask_for_the_bound_only(monkeypatch, tmp_path):
+    """An async fsspec file system we have no client for reads a whole value as a range that
+    ends one byte past the bound (here fsspec's own HTTP client, made to look like one)."""
+    from httpserver import serve
+
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "big").write_bytes(b"\2" * (1 << 20))
+    with serve(str(tmp_path)) as (base, server):
+        store = open_store(f"{base}/v", {"simple_links": True})
+        monkeypatch.setattr(store, "_getter", None)
+        server.requests.clear()
+        with pytest.raises(StorageError, match=r"at least (\d+) bytes where at most (\d+)") as e:
+            store.read("big", limit=1000)
+        assert "/v/big" in str(e.value)
+        assert store.read("big", limit=1 << 20) == b"\2" * (1 << 20)

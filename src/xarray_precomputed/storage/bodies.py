@@ -12,7 +12,7 @@ MAX_BODY_BYTES = 1 << 30
 
 def too_large(got: int, bound: int, where: str, *, partial: bool = False) -> StorageError:
     """`got` bytes sent (with `partial`: at least, the rest left unread) past `bound`."""
-    return StorageError(f"the server sent {'at least ' if partial else ''}{got} bytes where at "
+    return StorageError(f"the store sent {'at least ' if partial else ''}{got} bytes where at "
                         f"most {bound} were expected (the value's size bound)", url=where)
 
 
