@@ -158,6 +158,36 @@ def test_memory_order_per_path(seg):
     np.testing.assert_array_equal(chunked.data.compute(), truth[0])
 
 
+@pytest.mark.parametrize("dtype, nc", [("uint8", 3), ("float32", 3), ("uint16", 2), ("uint64", 4),
+                                       ("uint8", 5), ("uint64", 9)])
+def test_multichannel_raw_blocks_match_tensorstore(tmp_path, dtype, nc, monkeypatch):
+    """Raw chunks of several channels into C-ordered dask blocks (channels interleaved after z:
+    the register transpose writing whole interleaved rows, or element by element past 64 bytes
+    of channels), and into `.values` in either order, against TensorStore's read; edge chunks
+    and a selection that cuts chunks included."""
+    from xarray_precomputed.backends import precomputed
+
+    rng = np.random.default_rng(nc)
+    data = rng.integers(0, 200, size=(45, 38, 29, nc)).astype(dtype)
+    path = tmp_path / "multi"
+    ts_write(path, data, volume_type="image", chunk_size=(20, 16, 12), voxel_offset=(0, 0, 0),
+             resolution=(4, 4, 4))
+    truth = ts_read(path)
+    np.testing.assert_array_equal(truth, data)
+    da = xr.open_dataset(path, engine="precomputed", chunks={})["image"]
+    block = da.data.blocks[1, 2, 1, 0].compute()
+    assert block.flags.c_contiguous
+    np.testing.assert_array_equal(block, truth[20:40, 32:38, 12:24])
+    np.testing.assert_array_equal(da.data.compute(), truth)
+    np.testing.assert_array_equal(da.max(dim=("x", "y")).compute().values, truth.max(axis=(0, 1)))
+    np.testing.assert_array_equal(da.isel(x=slice(3, 41), z=slice(5, 27)).compute().values,
+                                  truth[3:41, :, 5:27])
+    for order in ("C", "F"):
+        monkeypatch.setattr(precomputed, "RESULT_ORDER", order)
+        np.testing.assert_array_equal(xr.open_dataset(path, engine="precomputed")["image"].values,
+                                      truth)
+
+
 def test_dask_reductions_and_selection(seg):
     path, truth = seg
     t = truth[0]
