@@ -203,6 +203,36 @@ def test_blocks_follow_dask_target_under_a_distributed_client(volume, unboxed, m
     assert _open(path).data.chunksize == (*CHUNK, 2)
 
 
+def test_scheduler_settings_without_a_usable_client_open_with_local_blocks(volume, monkeypatch):
+    """The scheduler is read without dask's get_scheduler(), which raises for an asynchronous
+    client or a distributed setting with no client: opening never fails for it, and keeps the
+    local blocks. Opened inside a task on a cluster, the worker gets no client of its own."""
+    import asyncio
+
+    from distributed import Client, LocalCluster, get_worker
+
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_BYTES", 1)
+    path, truth = volume
+    with dask.config.set(scheduler="distributed"):  # no client
+        assert _open(path).data.chunksize == (*CHUNK, 2)
+        assert xr.open_dataset(path, engine="precomputed")["segmentation"].shape == SHAPE
+
+    async def with_async_client():
+        async with LocalCluster(n_workers=1, processes=False, asynchronous=True,
+                                dashboard_address=None) as cluster, \
+                Client(cluster, asynchronous=True):
+            return _open(path).data.chunksize
+    assert asyncio.run(with_async_client()) == (*SHARD, 2)  # the cluster's blocks, no raise
+
+    def open_in_task(p):
+        shape = xr.open_dataset(p, engine="precomputed")["segmentation"].shape
+        return shape, get_worker()._client is None
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        assert client.submit(open_in_task, path).result() == (SHAPE, True)
+
+
 @pytest.mark.parametrize("bad", ["shards", "", 64, True, "Block"])
 def test_bad_preferred_chunks_raise(volume, bad):
     path, _ = volume

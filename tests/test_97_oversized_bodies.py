@@ -178,4 +178,24 @@ def test_async_file_systems_without_our_client_ask_for_the_bound_only(monkeypatc
         with pytest.raises(StorageError, match=r"at least (\d+) bytes where at most (\d+)") as e:
             store.read("big", limit=1000)
         assert "/v/big" in str(e.value)
+        bound = int(re.search(r"at most (\d+)", str(e.value)).group(1))
+        assert [r for r in server.requests if r[1] == "/v/big"] == \
+            [("GET", "/v/big", f"bytes=0-{bound}")]
         assert store.read("big", limit=1 << 20) == b"\2" * (1 << 20)
+
+
+def test_file_systems_without_our_client_do_not_reserve_the_bound(tmp_path):
+    """Without a limit the bound is 1 GiB; reading a small value through a file object (whose
+    read(n) may reserve n bytes up front) holds about the value, not the bound."""
+    import tracemalloc
+
+    (tmp_path / "small").write_bytes(b"s" * 1000)
+    store = open_store(f"local://{tmp_path}")
+    assert type(store).__name__ == "FsspecStore"
+    tracemalloc.start()
+    try:
+        assert store.read("small") == b"s" * 1000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20

@@ -186,14 +186,24 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
 
 
 def _cluster_scheduler() -> bool:
-    """Whether dask would run a computation on a dask.distributed client now (a default client,
-    unless the `scheduler` setting names another)."""
+    """Whether dask would run a computation on a dask.distributed client now: a default client
+    exists and the `scheduler` setting names no other. Read without `get_scheduler()`, which
+    raises for an asynchronous client or a distributed setting with no client, and inside a task
+    makes the worker a client of its own."""
     if "distributed" not in sys.modules:  # no client can exist without it
         return False
-    import dask.base
+    try:
+        import dask.config
+        from distributed import default_client
 
-    scheduler = dask.base.get_scheduler()
-    return getattr(scheduler, "__module__", "").startswith("distributed")
+        setting = dask.config.get("scheduler", None)
+        if setting is not None and setting not in ("dask.distributed", "distributed") and \
+                not getattr(setting, "__module__", "").startswith("distributed"):
+            return False  # threads, processes, sync, or another callable
+        default_client()  # ValueError when there is none
+    except Exception:  # only a choice of block size rides on this: never fail an open for it
+        return False
+    return True
 
 
 def _dask_target_bytes() -> int:

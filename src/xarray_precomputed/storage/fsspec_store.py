@@ -16,6 +16,8 @@ from .encoded_objects import EncodedAnswer, EncodedObjects
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .retry import retry_each, status_of, with_retries
 
+# Whole values from file systems without a client of ours are read in pieces of this size.
+READ_PIECE_BYTES = 1 << 20
 # Ranges closer than this are fetched as one request and split afterwards.
 REMOTE_COALESCE_GAP = 1 << 16
 
@@ -112,8 +114,8 @@ class FsspecStore(Store):
         if not getattr(self.fs, "async_impl", False):
             out: list = []
             for p in paths:
-                try:  # a byte past the bound is asked for, to tell a value that exceeds it
-                    out.append(self._within(self.fs.cat_file(p, start=0, end=bound + 1), bound, p))
+                try:
+                    out.append(self._read_within(p, bound))
                 except Exception as e:
                     out.append(e)
             return out
@@ -127,12 +129,28 @@ class FsspecStore(Store):
 
         return sync(self.fs.loop, gather)
 
-    async def _cat_within(self, path: str, bound: int) -> bytes:
-        return self._within(await self.fs._cat_file(path, start=0, end=bound + 1), bound, path)
+    # Any other file system (memory, sftp, abfs, ...) reads whole values only up to the bound,
+    # as the http, s3 and gs getters do: a stray huge file is refused, not held.
+    def _read_within(self, path: str, bound: int) -> bytes:
+        # In pieces: a file object's read(n) may reserve n bytes up front (io.BufferedReader
+        # does), and the bound without a limit is 1 GiB.
+        parts: list[bytes] = []
+        got = 0
+        with self.fs.open(path, "rb") as f:
+            while True:
+                part = f.read(min(READ_PIECE_BYTES, bound + 1 - got))
+                if not part:
+                    return b"".join(parts)
+                parts.append(part)
+                got += len(part)
+                if got > bound:
+                    raise too_large(got, bound, self.fs.unstrip_protocol(path), partial=True)
 
-    def _within(self, body: bytes, bound: int, path: str) -> bytes:
-        # Any other file system (memory, sftp, abfs, ...) reads whole values only up to the
-        # bound, as the http, s3 and gs getters do: a stray huge file is refused, not held.
+    async def _cat_within(self, path: str, bound: int) -> bytes:
+        # A byte past the bound is asked for, to tell a value that exceeds it. (An empty object
+        # then answers 416 on some servers: a StorageError, where an empty chunk or info would
+        # have failed to decode anyway.)
+        body = await self.fs._cat_file(path, start=0, end=bound + 1)
         if len(body) > bound:
             raise too_large(len(body), bound, self.fs.unstrip_protocol(path), partial=True)
         return body
