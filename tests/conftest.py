@@ -6,6 +6,7 @@ cached; `oracle_volume(name)` returns an `oracle.OracleVolume` (path + TensorSto
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,18 @@ import oracle
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHARED_SPECS = Path(__file__).resolve().parents[1].parent / "shared" / "specs"
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """dask.distributed's LocalCluster writes its workers' settings into this process's
+    environment and leaves them (MALLOC_TRIM_THRESHOLD_=65536, OMP_NUM_THREADS=1,
+    PYTHONHASHSEED, ...): later tests' subprocesses would start with them."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

@@ -33,9 +33,9 @@ def test_map_blocks_temporaries_reuse_the_heap(tmp_path):
     data = make_data((256, 256, 128, 1), np.uint8, seed=64)
     path = write_volume(tmp_path / "img", data, chunk_size=(64, 64, 64))
     expected = float(ts_read(path).astype(np.float64).sum() * 2)
-    # glibc's tuning variables fix its thresholds (dask.distributed's nanny sets
-    # MALLOC_TRIM_THRESHOLD_ in its process, which a LocalCluster test leaves in ours): the child
-    # gets glibc's defaults, as a user's process does.
+    # glibc's tuning variables fix its thresholds (conftest restores the environment a
+    # LocalCluster test changes; a user's shell may set them too): the child gets glibc's
+    # defaults, as a user's process does.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True,
                          check=True, timeout=120, env=env)
