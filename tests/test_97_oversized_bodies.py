@@ -182,6 +182,10 @@ def test_async_file_systems_without_our_client_ask_for_the_bound_only(monkeypatc
         assert [r for r in server.requests if r[1] == "/v/big"] == \
             [("GET", "/v/big", f"bytes=0-{bound}")]
         assert store.read("big", limit=1 << 20) == b"\2" * (1 << 20)
+        # an empty object: the range is unsatisfiable (416), the value is empty, not an error
+        (tmp_path / "v" / "empty").write_bytes(b"")
+        assert store.read("empty", limit=1000) == b""
+        assert store.read("absent", limit=1000) is None
 
 
 def test_file_systems_without_our_client_do_not_reserve_the_bound(tmp_path):
