@@ -227,6 +227,43 @@ def test_s3_missing_fill_or_raise(tree, s3, name, cell, auth):
         Volume.open(url, storage_options=opts, fill_missing=False).scale(0).read(box)
 
 
+@pytest.mark.parametrize("cut", ["data", "minishards", "index"])
+def test_s3_truncated_shard_is_an_error_naming_it_not_zeros(tree, s3, cut):
+    """A shard file cut short on S3 (its last 10 bytes; all but its shard index and one byte, so
+    that every minishard index starts past the end, where S3 answers InvalidRange; all but 8
+    bytes): read whole and chunk by chunk (ranged reads), every chunk either equals the local
+    read or raises naming the shard; never zeros."""
+    root, local = tree
+    name = SHARDED[0]
+    c = s3.client()
+    prefix = f"truncated-{cut}/{name}"
+    assert s3.upload_tree(root / name, "xp-private", prefix) > 0
+    key = sorted(o["Key"] for o in c.list_objects_v2(Bucket="xp-private", Prefix=prefix)["Contents"]
+                 if o["Key"].endswith(".shard"))[0]
+    body = c.get_object(Bucket="xp-private", Key=key)["Body"].read()
+    index_bytes = 16 << servers.FIXTURE_VOLUMES[name]["sharding"]["minishard_bits"]
+    keep = {"data": len(body) - 10, "minishards": index_bytes + 1, "index": 8}[cut]
+    c.put_object(Bucket="xp-private", Key=key, Body=body[:keep])
+    url = f"s3://xp-private/{prefix}"
+    shard = key.rsplit("/", 1)[1]
+    with pytest.raises(PrecomputedError, match=shard):
+        Volume.open(url, storage_options=s3.keyed_options()).scale(0).read()
+    spec = servers.FIXTURE_VOLUMES[name]
+    grid = [-(-n // k) for n, k in zip(spec["shape"], spec["chunk_size"])]
+    failed = 0
+    for cell in np.ndindex(*grid):
+        box = _cell_box(name, cell)
+        scale = Volume.open(url, storage_options=s3.keyed_options()).scale(0)
+        try:
+            got = scale.read(box)
+        except PrecomputedError as e:
+            assert shard in str(e), e
+            failed += 1
+        else:
+            assert np.array_equal(got, local[name][box]), cell
+    assert failed > 0
+
+
 def test_s3_through_xarray_with_storage_options(tree, s3):
     _, local = tree
     name = "raw_u32_sharded_mm_gzip"
