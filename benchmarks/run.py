@@ -17,8 +17,10 @@ W1  full read of each volume: ours via `.values` and via dask `chunks={}` at the
     instead of the default C order. `write-floor` is no reader either:
     allocating the result and writing each byte once from two threads (first touch of the output).
     `ours`, `ours-C`, TensorStore and CloudVolume also time a second full read in the same
-    process, after the first result is freed: the reader's own work, without the first touch of
-    memory that this VM had handed back to its host (docs/benchmarks.md, "Warm page cache").
+    process, after the first result is freed: a process that has read the volume before. It
+    pays no first touch of memory that this VM had handed back to its host (docs/benchmarks.md,
+    "Warm page cache"), and no reader's first-call costs (lazy imports, thread pools, caches of
+    the volume's metadata).
 W2  500 random 64³ cutouts of the sharded volume, cold (fresh process) and warm (same process,
     second pass); seconds and storage requests per cutout (ours counted at our storage layer).
 W3  the mCNS-sized volume: open + read one 64³ box, time to first voxel.
@@ -214,9 +216,10 @@ def worker(task: str, reader: str, path: str) -> dict:
         result = {"seconds": dt, "bytes": int(a.nbytes), "peak_mb": _rss_mb() - base_rss,
                   "checksum": int(np.asarray(a).view(np.uint8)[::4099].sum())}
         if reader in SECOND_READ:
-            # The same read again in this process, after the first result is freed: the
-            # reader's own work without the first touch of memory that the VM had handed back
-            # to its host (the fresh-process number above pays that, by chance; benchmarks.md).
+            # The same read again in this process, after the first result is freed: without
+            # the first touch of memory that the VM had handed back to its host (which the
+            # fresh-process number pays by chance; benchmarks.md) and without any reader's
+            # first-call costs.
             del a
             t1 = time.perf_counter()
             a = _full_read(reader, path)
