@@ -381,6 +381,29 @@ def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
         same(r.read(box), vol.truth[0][box])
 
 
+@pytest.mark.parametrize("dtype, nc", [("uint8", 1), ("uint16", 3), ("uint64", 1)])
+def test_large_fortran_results_with_long_rows_read_the_same(tmp_path, monkeypatch, dtype, nc):
+    """Into a large Fortran-ordered result, rows of 256 bytes or more are written with streaming
+    stores of whole lines between an unaligned head and tail (codecs/_fortran.c, copy_row). The
+    oracle volumes' rows are shorter, so this volume has chunks 320 voxels wide (and a partial
+    chunk at the edge); TensorStore wrote it and reads the truth."""
+    from xarray_precomputed.reading import base as volume
+
+    monkeypatch.setattr(volume, "LARGE_RESULT_BYTES", 0)
+    rng = np.random.default_rng(nc)
+    data = rng.integers(1, 1 << 16, (700, 9, 5, nc)).astype(dtype)
+    path = oracle.write_volume(tmp_path / "wide", data, chunk_size=(320, 4, 3))
+    r = Volume.open(str(path)).scale(0)
+    truth = oracle.ts_read(path)
+    assert np.array_equal(truth, data)
+    for box in (None, (slice(0, 700), slice(1, 9), slice(0, 5)),
+                (slice(13, 651), slice(0, 9), slice(2, 4)), (slice(333, 699), slice(3, 4), slice(0, 5))):
+        got = r.read(box, order="F")
+        want = truth if box is None else truth[box]
+        assert got.flags.f_contiguous
+        same(got, want)
+
+
 @pytest.mark.parametrize("name", [n for n in DATA_NAMES if "shard" in n and "unshard" not in n]
                          + ["missing_chunks_sharded"])
 def test_reads_inside_one_shard_decoded_by_workers_read_the_same(oracle_volume, name,
