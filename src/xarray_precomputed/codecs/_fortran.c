@@ -155,6 +155,17 @@ static inline void transpose_block_scalar(const char *in, char *out, int itemsiz
 #define LAYOUT_SSE2 0
 #endif
 
+/* After streaming stores: they are visible before the copy returns to the caller. */
+static inline void end_streaming(int streamed)
+{
+#if LAYOUT_SSE2
+    if (streamed)
+        _mm_sfence();
+#else
+    (void)streamed;
+#endif
+}
+
 DEFINE_COPY(copy_u16_tiled, uint16_t)
 DEFINE_COPY(copy_u32, uint32_t)
 DEFINE_COPY(copy_u64, uint64_t)
@@ -334,12 +345,7 @@ static inline void copy_transposed(const char *src, char *dst, Py_ssize_t nx, Py
             }
         }
     }
-#if LAYOUT_SSE2
-    if (streamed)
-        _mm_sfence(); /* the streamed lines are visible before this call returns */
-#else
-    (void)streamed;
-#endif
+    end_streaming(streamed);
 }
 
 /* Rows at least this long go to a large result with streaming stores (see copy_row). */
@@ -392,12 +398,7 @@ static void copy_rows(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, 
             for (Py_ssize_t y = 0; y < ny; y++)
                 streamed |= copy_row(d + y * ds[1], s + y * ssy * itemsize, row, stream);
         }
-#if LAYOUT_SSE2
-    if (streamed)
-        _mm_sfence(); /* the streamed lines are visible before this call returns */
-#else
-    (void)streamed;
-#endif
+    end_streaming(streamed);
 }
 
 static int parse3(PyObject *seq, Py_ssize_t out[3], const char *what)
