@@ -264,6 +264,137 @@ static int check_channel(const unsigned char *ch, uint64_t clen,
     return 0;
 }
 
+/* Decode `n` consecutive voxels of a block into the contiguous `dst`, from bit `bit` of its
+ * values; x is the block's fastest axis, so consecutive voxels are consecutive `bits`-wide fields.
+ * A field never straddles two words (bits divides 32, and `bit` is a multiple of bits), so a row
+ * costs one load per word instead of one per voxel. Called with a constant `bits` and `es`, the
+ * shift, mask and table stride are constants. When the table has an entry for every index the
+ * field can hold (`checked` 0), no index is compared. */
+CSEG_INLINE int decode_run(char *dst, const unsigned char *vals, uint64_t bit, int64_t n,
+                           const uint32_t bits, const unsigned char *table, uint64_t tlen,
+                           const int checked, const int es, cseg_err *err)
+{
+    const uint64_t mask = ((uint64_t)1 << bits) - 1;
+    int64_t k = 0;
+    while (k < n) {
+        uint64_t w = (uint64_t)ld32(vals + 4 * (bit >> 5)) >> (bit & 31);
+        int64_t take = (int64_t)((32 - (bit & 31)) / bits);
+        int64_t q;
+        if (take > n - k)
+            take = n - k;
+        for (q = 0; q < take; q++, w >>= bits) {
+            const uint32_t idx = (uint32_t)(w & mask);
+            if (checked && idx >= tlen) {
+                err->code = E_INDEX;
+                err->a = idx;
+                err->b = tlen;
+                return -1;
+            }
+            if (es == 8) {
+                const uint64_t v = ld64(table + 8 * (uint64_t)idx);
+                memcpy(dst + 8 * (k + q), &v, 8);
+            } else {
+                const uint32_t v = ld32(table + 4 * (uint64_t)idx);
+                memcpy(dst + 4 * (k + q), &v, 4);
+            }
+        }
+        k += take;
+        bit += (uint64_t)take * bits;
+    }
+    return 0;
+}
+
+/* One whole 8-voxel row whose fields all lie in `w` (shifted down to the row's first field):
+ * the common case (8-wide blocks, 1 to 4 bits), unrolled. uint64 voxels go in pairs, one 16-byte
+ * store each: the loop waits on its stores. */
+CSEG_INLINE void decode_row8(char *dst, uint32_t w, const uint32_t bits,
+                             const unsigned char *table, const int es)
+{
+    const uint32_t mask = ((uint32_t)1 << bits) - 1;
+    int q;
+#if defined(__SSE2__)
+    if (es == 8) {
+        for (q = 0; q < 8; q += 2) {
+            const uint64_t v0 = ld64(table + 8 * (uint64_t)((w >> (q * bits)) & mask));
+            const uint64_t v1 = ld64(table + 8 * (uint64_t)((w >> ((q + 1) * bits)) & mask));
+            _mm_storeu_si128((__m128i *)(dst + 8 * q),
+                             _mm_set_epi64x((long long)v1, (long long)v0));
+        }
+        return;
+    }
+#endif
+    for (q = 0; q < 8; q++) {
+        const uint32_t idx = (w >> (q * bits)) & mask;
+        if (es == 8) {
+            const uint64_t v = ld64(table + 8 * (uint64_t)idx);
+            memcpy(dst + 8 * q, &v, 8);
+        } else {
+            const uint32_t v = ld32(table + 4 * (uint64_t)idx);
+            memcpy(dst + 4 * q, &v, 4);
+        }
+    }
+}
+
+/* The rows of a block whose fastest in-block axis (x) is the output's contiguous axis: written
+ * in place or, for streamed results, line by line through a local buffer. */
+CSEG_INLINE int decode_rows(const cseg_geom *G, const cseg_block *blk, const int64_t p0[3],
+                            const int64_t p1[3], char *bo, const uint32_t bits, const int stream,
+                            const int es, cseg_err *err)
+{
+    const int A = G->perm[0], B = G->perm[1];
+    const Py_ssize_t sA = G->st[A], sB = G->st[B];
+    const uint64_t mA = G->m[A], mB = G->m[B];
+    const int64_t nC = p1[0] - p0[0];
+    /* the table ends at the end of the channel, so only a block near it can lack an entry */
+    const int checked = blk->tlen < ((uint64_t)1 << bits);
+    const int row8 = nC == 8 && bits <= 4 && !checked;
+    int64_t i, j;
+    char *oa = bo;
+    (void)stream;
+    for (i = p0[A]; i < p1[A]; i++, oa += sA) {
+        char *o = oa;
+        for (j = p0[B]; j < p1[B]; j++, o += sB) {
+            uint64_t bit = ((uint64_t)i * mA + (uint64_t)j * mB + (uint64_t)p0[0]) * bits;
+            if (row8 && (bit & 31) + 8 * bits <= 32) {
+                const uint32_t w = ld32(blk->vals + 4 * (bit >> 5)) >> (bit & 31);
+#if CSEG_CAN_STREAM
+                if (stream && es == 8 && ((uintptr_t)o & 63) == 0) {
+                    cseg_line line;
+                    decode_row8((char *)&line, w, bits, blk->table, es);
+                    stream_line(o, &line);
+                    continue;
+                }
+#endif
+                decode_row8(o, w, bits, blk->table, es);
+                continue;
+            }
+#if CSEG_CAN_STREAM
+            if (stream && ((uintptr_t)o & 63) == 0) {
+                const int64_t per = 64 / es;
+                char *d = o;
+                int64_t k;
+                for (k = 0; k < nC; k += per, d += 64, bit += (uint64_t)per * bits) {
+                    cseg_line line;
+                    int rc = checked
+                        ? decode_run((char *)&line, blk->vals, bit, per, bits, blk->table,
+                                     blk->tlen, 1, es, err)
+                        : decode_run((char *)&line, blk->vals, bit, per, bits, blk->table,
+                                     blk->tlen, 0, es, err);
+                    if (rc < 0)
+                        return -1;
+                    stream_line(d, &line);
+                }
+                continue;
+            }
+#endif
+            if (checked ? decode_run(o, blk->vals, bit, nC, bits, blk->table, blk->tlen, 1, es, err)
+                        : decode_run(o, blk->vals, bit, nC, bits, blk->table, blk->tlen, 0, es, err))
+                return -1;
+        }
+    }
+    return 0;
+}
+
 /* Decode the in-box part of one block.  `p0`/`p1` are in-block coordinate
  * ranges per axis, `bo` the output address of in-block voxel p0. */
 CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
@@ -280,6 +411,8 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
 #if CSEG_CAN_STREAM
     /* Streaming applies to rows along the contiguous axis that are whole aligned lines. */
     const int stream = G->stream && sC == es && ((uint64_t)nC * (uint64_t)es) % 64 == 0;
+#else
+    const int stream = 0;
 #endif
 
     if (blk->bits == 0) {
@@ -312,8 +445,13 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
                 char *ob = oa;
                 for (j = p0[B]; j < p1[B]; j++, ob += sB) {
                     char *o = ob;
-                    for (k = 0; k < nC; k++, o += sC)
-                        memcpy(o, &v, 8);
+                    if (sC == 8) {
+                        for (k = 0; k < nC; k++)
+                            memcpy(o + 8 * k, &v, 8);
+                    } else {
+                        for (k = 0; k < nC; k++, o += sC)
+                            memcpy(o, &v, 8);
+                    }
                 }
             }
         } else {
@@ -322,12 +460,29 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
                 char *ob = oa;
                 for (j = p0[B]; j < p1[B]; j++, ob += sB) {
                     char *o = ob;
-                    for (k = 0; k < nC; k++, o += sC)
-                        memcpy(o, &v, 4);
+                    if (sC == 4) {
+                        for (k = 0; k < nC; k++)
+                            memcpy(o + 4 * k, &v, 4);
+                    } else {
+                        for (k = 0; k < nC; k++, o += sC)
+                            memcpy(o, &v, 4);
+                    }
                 }
             }
         }
         return 0;
+    }
+
+    if (C == 0 && sC == es) {
+        /* The usual layouts (a chunk buffer, a Fortran-ordered result): x-rows, contiguous. */
+        switch (blk->bits) {
+        case 1: return decode_rows(G, blk, p0, p1, bo, 1, stream, es, err);
+        case 2: return decode_rows(G, blk, p0, p1, bo, 2, stream, es, err);
+        case 4: return decode_rows(G, blk, p0, p1, bo, 4, stream, es, err);
+        case 8: return decode_rows(G, blk, p0, p1, bo, 8, stream, es, err);
+        case 16: return decode_rows(G, blk, p0, p1, bo, 16, stream, es, err);
+        default: return decode_rows(G, blk, p0, p1, bo, 32, stream, es, err);
+        }
     }
 
     {
