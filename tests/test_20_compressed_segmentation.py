@@ -827,46 +827,59 @@ def test_streaming_stores_still_reject_bad_indices():
         decode_into(bad, out, chunk_shape=(8, 8, 8), block_size=(8, 8, 8), chunk="t", stream=True)
 
 
+def _contiguous_out(size, dtype, skip, axis):
+    """A zeroed (x, y, z, 1) view whose `axis` (0: x, as chunk buffers and `.values` results; 2:
+    z, as C-ordered results and dask blocks) is contiguous, starting `skip` voxels into a
+    line-aligned base whose rows along that axis are padded to whole 64-byte lines."""
+    n = -(-(size[axis] + skip) * np.dtype(dtype).itemsize // 64) * 64 // np.dtype(dtype).itemsize
+    if axis == 0:
+        base = oracle.line_aligned((1, size[2], size[1], n), dtype)
+        return base, base.transpose(3, 2, 1, 0)[skip:skip + size[0]]
+    base = oracle.line_aligned((size[0], size[1], n, 1), dtype)
+    return base, base[:, :, skip:skip + size[2]]
+
+
 def _fortran_out(size, dtype, x_skip):
-    """A zeroed Fortran-ordered (x, y, z, 1) view starting `x_skip` voxels into a line-aligned
-    base (x contiguous: chunk buffers and `.values` results look like this)."""
-    base = oracle.line_aligned((1, size[2], size[1], size[0] + x_skip + 3), dtype)
-    return base, base.transpose(3, 2, 1, 0)[x_skip:x_skip + size[0]]
+    return _contiguous_out(size, dtype, x_skip, 0)
 
 
+@pytest.mark.parametrize("axis", [0, 2])
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8, 16, 32])
-def test_x_contiguous_outputs_every_width(dtype, bits):
+def test_contiguous_outputs_every_width(dtype, bits, axis):
     """Outputs whose x axis is contiguous take the row decoders (one word load per row, the 8-wide
-    rows unrolled): every width, blocks 8 wide and not, rows cut by the box at any x, streamed
-    into aligned lines or not; the voxels equal the array's and nothing outside the box moves."""
+    rows unrolled); outputs whose z axis is, a block decoded into a scratch by the same and
+    written out z-row by z-row (blocks up to 4096 voxels; (16, 16, 17) takes the voxel loop).
+    Every width, blocks 8 wide and not, rows cut by the box anywhere, streamed into aligned lines
+    or not: the voxels equal the array's and nothing outside the box moves."""
     rng = np.random.default_rng(bits)
-    shape = (24, 10, 12)
+    shape = (24, 10, 34)
     arr = labels(rng, shape, min(2 ** bits, 500), dtype)
-    for block in [(8, 8, 8), (8, 3, 2), (16, 2, 2), (4, 4, 4), (5, 7, 3), (32, 1, 1)]:
+    for block in [(8, 8, 8), (8, 3, 2), (16, 2, 2), (4, 4, 4), (5, 7, 3), (32, 1, 1),
+                  (16, 16, 16), (16, 16, 17)]:
         chunk = wrap_channels([np_encode_channel(arr, block, bits)])
         assert np.frombuffer(chunk, "<u4")[1] >> 24 == bits
-        for origin, size in [((0, 0, 0), shape), ((3, 1, 2), (17, 8, 9)), ((8, 0, 0), (8, 10, 12)),
-                             ((16, 9, 11), (8, 1, 1)), ((4, 0, 0), (8, 10, 12))]:
-            for x_skip in (0, 1, 8):
+        for origin, size in [((0, 0, 0), shape), ((3, 1, 2), (17, 8, 29)), ((8, 0, 8), (8, 10, 16)),
+                             ((16, 9, 33), (8, 1, 1)), ((4, 0, 4), (8, 10, 8))]:
+            for skip in (0, 1, 8):
                 for stream in (False, True):
-                    base, out = _fortran_out(size, dtype, x_skip)
+                    base, out = _contiguous_out(size, dtype, skip, axis)
                     decode_into(chunk, out, chunk_shape=shape, block_size=block, origin=origin,
                                 chunk="t", stream=stream)
                     sl = tuple(slice(o, o + s) for o, s in zip(origin, size))
-                    what = f"block {block} box {origin} {size} skip {x_skip} stream {stream}"
+                    what = f"block {block} box {origin} {size} skip {skip} stream {stream}"
                     np.testing.assert_array_equal(out[..., 0], arr[sl], err_msg=what)
-                    outside = base.copy()
-                    outside.transpose(3, 2, 1, 0)[x_skip:x_skip + size[0]] = 0
-                    assert not outside.any(), what
+                    out[...] = 0
+                    assert not base.any(), what
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
-def test_x_contiguous_rows_reject_indices_past_the_table(bits, stream):
+@pytest.mark.parametrize("axis,block", [(0, (8, 8, 1)), (2, (2, 2, 16))])
+def test_contiguous_rows_reject_indices_past_the_table(axis, block, bits, stream):
     """A block whose table ends at the end of the channel, one entry short of what its width can
-    index: decoded into x-contiguous rows, the largest index raises, as elsewhere; the one below
-    it decodes."""
+    index: decoded into x- or z-contiguous outputs (row decoders, scratch), the largest index
+    raises, as elsewhere; the one below it decodes."""
     entries = 2 ** bits - 1
     table = np.arange(100, 100 + entries, dtype="<u8")
     per = 32 // bits
@@ -878,12 +891,12 @@ def test_x_contiguous_rows_reject_indices_past_the_table(bits, stream):
         header = [(2 + len(vals)) | (bits << 24), 2]     # the table after the values, at the end
         return words_to_bytes([1, *header, *vals.astype("<u4")]) + table.tobytes()
 
-    base, out = _fortran_out((8, 8, 1), np.uint64, 0)
+    base, out = _contiguous_out(block, np.uint64, 0, axis)
     with pytest.raises(CorruptChunkError, match=f"table index {entries} past end of table"):
-        decode_into(chunk_with(entries), out, chunk_shape=(8, 8, 1), block_size=(8, 8, 1),
+        decode_into(chunk_with(entries), out, chunk_shape=block, block_size=block,
                     chunk="t", stream=stream)
-    decode_into(chunk_with(entries - 1), out, chunk_shape=(8, 8, 1), block_size=(8, 8, 1),
+    decode_into(chunk_with(entries - 1), out, chunk_shape=block, block_size=block,
                 chunk="t", stream=stream)
     expect = np.full(64, 100, np.uint64)
     expect[37] = 100 + entries - 1
-    np.testing.assert_array_equal(out[..., 0, 0].ravel(order="F"), expect)
+    np.testing.assert_array_equal(out[..., 0].ravel(order="F"), expect)
