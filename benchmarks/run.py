@@ -138,6 +138,11 @@ def worker(task: str, reader: str, path: str) -> dict:
         # environment, the same for any engine and paid at a user's first open only, so it goes
         # with the imports (docs/benchmarks.md says how much it is).
         sys.modules["xarray"].backends.plugins.list_engines()
+        # Its chunk-manager lookup, on the first open with chunks=, reads the same entry points
+        # again (~20 ms here; lru-cached for the process): the same kind of cost.
+        import xarray.namedarray.parallelcompat
+
+        xarray.namedarray.parallelcompat.list_chunkmanagers()
     block_shape = None
     if block and reader == "ts-dask":  # the blocks ours chose: a parameter, not work to time
         from xarray_precomputed.reading.volume import Volume
