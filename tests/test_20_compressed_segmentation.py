@@ -848,10 +848,11 @@ def _fortran_out(size, dtype, x_skip):
 @pytest.mark.parametrize("bits", [1, 2, 4, 8, 16, 32])
 def test_contiguous_outputs_every_width(dtype, bits, axis):
     """Outputs whose x axis is contiguous take the row decoders (one word load per row, the 8-wide
-    rows unrolled); outputs whose z axis is, a block decoded into a scratch by the same and
-    written out z-row by z-row (blocks up to 4096 voxels; (16, 16, 17) takes the voxel loop).
-    Every width, blocks 8 wide and not, rows cut by the box anywhere, streamed into aligned lines
-    or not: the voxels equal the array's and nothing outside the box moves."""
+    rows unrolled); outputs whose z axis is, the column decoder (one load per voxel at a fixed
+    word step, where the z step times the width is whole words: not for (5, 7, 3) blocks, nor
+    for 1-bit (4, 4, 4) ones, nor when streamed) or the voxel loop. Every width, blocks 8 wide
+    and not, rows cut by the box anywhere, streamed into aligned lines or not: the voxels equal
+    the array's and nothing outside the box moves."""
     rng = np.random.default_rng(bits)
     shape = (24, 10, 34)
     arr = labels(rng, shape, min(2 ** bits, 500), dtype)
@@ -875,11 +876,12 @@ def test_contiguous_outputs_every_width(dtype, bits, axis):
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
-@pytest.mark.parametrize("axis,block", [(0, (8, 8, 1)), (2, (2, 2, 16))])
+@pytest.mark.parametrize("axis,block", [(0, (8, 8, 1)), (2, (2, 2, 16)), (2, (4, 4, 4))])
 def test_contiguous_rows_reject_indices_past_the_table(axis, block, bits, stream):
     """A block whose table ends at the end of the channel, one entry short of what its width can
-    index: decoded into x- or z-contiguous outputs (row decoders, scratch), the largest index
-    raises, as elsewhere; the one below it decodes."""
+    index: decoded into x- or z-contiguous outputs (the row decoders; the fixed-step column
+    decoder or the voxel loop), the largest index raises, as elsewhere; the one below it
+    decodes."""
     entries = 2 ** bits - 1
     table = np.arange(100, 100 + entries, dtype="<u8")
     per = 32 // bits

@@ -395,6 +395,50 @@ CSEG_INLINE int decode_rows(const cseg_geom *G, const cseg_block *blk, const int
     return 0;
 }
 
+/* Rows along an axis other than x (z for C-ordered results and dask blocks): consecutive voxels
+ * of a row are `mC` fields apart. When mC * bits is a multiple of 32 (8x8 blocks and wider), every
+ * field of a row sits at the same shift in its own word: one load per voxel at a fixed word step,
+ * with `bits` a constant. */
+CSEG_INLINE int decode_cols(const cseg_geom *G, const cseg_block *blk, const int64_t p0[3],
+                            const int64_t p1[3], char *bo, const uint32_t bits, const int es,
+                            cseg_err *err)
+{
+    const int A = G->perm[0], B = G->perm[1], C = G->perm[2];
+    const Py_ssize_t sA = G->st[A], sB = G->st[B];
+    const uint64_t mA = G->m[A], mB = G->m[B], mC = G->m[C];
+    const int64_t nC = p1[C] - p0[C];
+    const uint64_t wstep = 4 * (mC * bits / 32);
+    const uint32_t mask = (uint32_t)(((uint64_t)1 << bits) - 1);
+    const int checked = blk->tlen < ((uint64_t)1 << bits);
+    int64_t i, j, k;
+    char *oa = bo;
+    for (i = p0[A]; i < p1[A]; i++, oa += sA) {
+        char *o = oa;
+        for (j = p0[B]; j < p1[B]; j++, o += sB) {
+            const uint64_t bit = ((uint64_t)i * mA + (uint64_t)j * mB + (uint64_t)p0[C] * mC) * bits;
+            const unsigned char *wp = blk->vals + 4 * (bit >> 5);
+            const unsigned shift = (unsigned)(bit & 31);
+            for (k = 0; k < nC; k++, wp += wstep) {
+                const uint32_t idx = (ld32(wp) >> shift) & mask;
+                if (checked && idx >= blk->tlen) {
+                    err->code = E_INDEX;
+                    err->a = idx;
+                    err->b = blk->tlen;
+                    return -1;
+                }
+                if (es == 8) {
+                    const uint64_t v = ld64(blk->table + 8 * (uint64_t)idx);
+                    memcpy(o + 8 * k, &v, 8);
+                } else {
+                    const uint32_t v = ld32(blk->table + 4 * (uint64_t)idx);
+                    memcpy(o + 4 * k, &v, 4);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 /* Decode the in-box part of one block.  `p0`/`p1` are in-block coordinate
  * ranges per axis, `bo` the output address of in-block voxel p0. */
 CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
@@ -482,6 +526,16 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
         case 8: return decode_rows(G, blk, p0, p1, bo, 8, stream, es, err);
         case 16: return decode_rows(G, blk, p0, p1, bo, 16, stream, es, err);
         default: return decode_rows(G, blk, p0, p1, bo, 32, stream, es, err);
+        }
+    }
+
+    if (!stream && C != 0 && sC == es && blk->bits <= 16 && (mC * blk->bits) % 32 == 0) {
+        switch (blk->bits) {
+        case 1: return decode_cols(G, blk, p0, p1, bo, 1, es, err);
+        case 2: return decode_cols(G, blk, p0, p1, bo, 2, es, err);
+        case 4: return decode_cols(G, blk, p0, p1, bo, 4, es, err);
+        case 8: return decode_cols(G, blk, p0, p1, bo, 8, es, err);
+        default: return decode_cols(G, blk, p0, p1, bo, 16, es, err);
         }
     }
 
