@@ -400,8 +400,8 @@ CSEG_INLINE int decode_rows(const cseg_geom *G, const cseg_block *blk, const int
  * field of a row sits at the same shift in its own word: one load per voxel at a fixed word step,
  * with `bits` a constant. */
 CSEG_INLINE int decode_cols(const cseg_geom *G, const cseg_block *blk, const int64_t p0[3],
-                            const int64_t p1[3], char *bo, const uint32_t bits, const int es,
-                            cseg_err *err)
+                            const int64_t p1[3], char *bo, const uint32_t bits, const int stream,
+                            const int es, cseg_err *err)
 {
     const int A = G->perm[0], B = G->perm[1], C = G->perm[2];
     const Py_ssize_t sA = G->st[A], sB = G->st[B];
@@ -412,12 +412,39 @@ CSEG_INLINE int decode_cols(const cseg_geom *G, const cseg_block *blk, const int
     const int checked = blk->tlen < ((uint64_t)1 << bits);
     int64_t i, j, k;
     char *oa = bo;
+    (void)stream;
     for (i = p0[A]; i < p1[A]; i++, oa += sA) {
         char *o = oa;
         for (j = p0[B]; j < p1[B]; j++, o += sB) {
             const uint64_t bit = ((uint64_t)i * mA + (uint64_t)j * mB + (uint64_t)p0[C] * mC) * bits;
             const unsigned char *wp = blk->vals + 4 * (bit >> 5);
             const unsigned shift = (unsigned)(bit & 31);
+#if CSEG_CAN_STREAM
+            if (stream && ((uintptr_t)o & 63) == 0) {
+                /* whole lines (decode_block's condition), as the voxel loop streams them */
+                const int64_t per = 64 / es;
+                char *d = o;
+                for (k = 0; k < nC; k += per, d += 64) {
+                    cseg_line line;
+                    int64_t q;
+                    for (q = 0; q < per; q++, wp += wstep) {
+                        const uint32_t idx = (ld32(wp) >> shift) & mask;
+                        if (checked && idx >= blk->tlen) {
+                            err->code = E_INDEX;
+                            err->a = idx;
+                            err->b = blk->tlen;
+                            return -1;
+                        }
+                        if (es == 8)
+                            line.u64[q] = ld64(blk->table + 8 * (uint64_t)idx);
+                        else
+                            line.u32[q] = ld32(blk->table + 4 * (uint64_t)idx);
+                    }
+                    stream_line(d, &line);
+                }
+                continue;
+            }
+#endif
             for (k = 0; k < nC; k++, wp += wstep) {
                 const uint32_t idx = (ld32(wp) >> shift) & mask;
                 if (checked && idx >= blk->tlen) {
@@ -529,13 +556,13 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
         }
     }
 
-    if (!stream && C != 0 && sC == es && blk->bits <= 16 && (mC * blk->bits) % 32 == 0) {
+    if (C != 0 && sC == es && blk->bits <= 16 && (mC * blk->bits) % 32 == 0) {
         switch (blk->bits) {
-        case 1: return decode_cols(G, blk, p0, p1, bo, 1, es, err);
-        case 2: return decode_cols(G, blk, p0, p1, bo, 2, es, err);
-        case 4: return decode_cols(G, blk, p0, p1, bo, 4, es, err);
-        case 8: return decode_cols(G, blk, p0, p1, bo, 8, es, err);
-        default: return decode_cols(G, blk, p0, p1, bo, 16, es, err);
+        case 1: return decode_cols(G, blk, p0, p1, bo, 1, stream, es, err);
+        case 2: return decode_cols(G, blk, p0, p1, bo, 2, stream, es, err);
+        case 4: return decode_cols(G, blk, p0, p1, bo, 4, stream, es, err);
+        case 8: return decode_cols(G, blk, p0, p1, bo, 8, stream, es, err);
+        default: return decode_cols(G, blk, p0, p1, bo, 16, stream, es, err);
         }
     }
 
