@@ -264,6 +264,27 @@ static int check_channel(const unsigned char *ch, uint64_t clen,
     return 0;
 }
 
+/* Table entry `idx` of a block written as one output voxel at `dst`; with `checked`, an index past
+ * the table's `tlen` entries is an error instead (E_INDEX). */
+CSEG_INLINE int put_entry(char *dst, const unsigned char *table, uint32_t idx, uint64_t tlen,
+                          const int checked, const int es, cseg_err *err)
+{
+    if (checked && idx >= tlen) {
+        err->code = E_INDEX;
+        err->a = idx;
+        err->b = tlen;
+        return -1;
+    }
+    if (es == 8) {
+        const uint64_t v = ld64(table + 8 * (uint64_t)idx);
+        memcpy(dst, &v, 8);
+    } else {
+        const uint32_t v = ld32(table + 4 * (uint64_t)idx);
+        memcpy(dst, &v, 4);
+    }
+    return 0;
+}
+
 /* Decode `n` consecutive voxels of a block into the contiguous `dst`, from bit `bit` of its
  * values; x is the block's fastest axis, so consecutive voxels are consecutive `bits`-wide fields.
  * A field never straddles two words (bits divides 32, and `bit` is a multiple of bits), so a row
@@ -282,26 +303,22 @@ CSEG_INLINE int decode_run(char *dst, const unsigned char *vals, uint64_t bit, i
         int64_t q;
         if (take > n - k)
             take = n - k;
-        for (q = 0; q < take; q++, w >>= bits) {
-            const uint32_t idx = (uint32_t)(w & mask);
-            if (checked && idx >= tlen) {
-                err->code = E_INDEX;
-                err->a = idx;
-                err->b = tlen;
+        for (q = 0; q < take; q++, w >>= bits)
+            if (put_entry(dst + es * (k + q), table, (uint32_t)(w & mask), tlen, checked, es,
+                          err) < 0)
                 return -1;
-            }
-            if (es == 8) {
-                const uint64_t v = ld64(table + 8 * (uint64_t)idx);
-                memcpy(dst + 8 * (k + q), &v, 8);
-            } else {
-                const uint32_t v = ld32(table + 4 * (uint64_t)idx);
-                memcpy(dst + 4 * (k + q), &v, 4);
-            }
-        }
         k += take;
         bit += (uint64_t)take * bits;
     }
     return 0;
+}
+
+CSEG_INLINE int decode_run_any(char *dst, const cseg_block *blk, uint64_t bit, int64_t n,
+                               const uint32_t bits, const int checked, const int es,
+                               cseg_err *err)
+{
+    return checked ? decode_run(dst, blk->vals, bit, n, bits, blk->table, blk->tlen, 1, es, err)
+                   : decode_run(dst, blk->vals, bit, n, bits, blk->table, blk->tlen, 0, es, err);
 }
 
 /* One whole 8-voxel row whose fields all lie in `w` (shifted down to the row's first field):
@@ -375,23 +392,31 @@ CSEG_INLINE int decode_rows(const cseg_geom *G, const cseg_block *blk, const int
                 int64_t k;
                 for (k = 0; k < nC; k += per, d += 64, bit += (uint64_t)per * bits) {
                     cseg_line line;
-                    int rc = checked
-                        ? decode_run((char *)&line, blk->vals, bit, per, bits, blk->table,
-                                     blk->tlen, 1, es, err)
-                        : decode_run((char *)&line, blk->vals, bit, per, bits, blk->table,
-                                     blk->tlen, 0, es, err);
-                    if (rc < 0)
+                    if (decode_run_any((char *)&line, blk, bit, per, bits, checked, es, err) < 0)
                         return -1;
                     stream_line(d, &line);
                 }
                 continue;
             }
 #endif
-            if (checked ? decode_run(o, blk->vals, bit, nC, bits, blk->table, blk->tlen, 1, es, err)
-                        : decode_run(o, blk->vals, bit, nC, bits, blk->table, blk->tlen, 0, es, err))
+            if (decode_run_any(o, blk, bit, nC, bits, checked, es, err) < 0)
                 return -1;
         }
     }
+    return 0;
+}
+
+/* `n` voxels of a column into the contiguous `dst`: one field per word, at `shift` in each,
+ * the words `wstep` bytes apart from `wp`. */
+CSEG_INLINE int decode_col_run(char *dst, const unsigned char *wp, uint64_t wstep, unsigned shift,
+                               int64_t n, uint32_t mask, const cseg_block *blk, const int checked,
+                               const int es, cseg_err *err)
+{
+    int64_t k;
+    for (k = 0; k < n; k++, wp += wstep)
+        if (put_entry(dst + es * k, blk->table, (ld32(wp) >> shift) & mask, blk->tlen, checked,
+                      es, err) < 0)
+            return -1;
     return 0;
 }
 
@@ -410,7 +435,7 @@ CSEG_INLINE int decode_cols(const cseg_geom *G, const cseg_block *blk, const int
     const uint64_t wstep = 4 * (mC * bits / 32);
     const uint32_t mask = (uint32_t)(((uint64_t)1 << bits) - 1);
     const int checked = blk->tlen < ((uint64_t)1 << bits);
-    int64_t i, j, k;
+    int64_t i, j;
     char *oa = bo;
     (void)stream;
     for (i = p0[A]; i < p1[A]; i++, oa += sA) {
@@ -424,43 +449,19 @@ CSEG_INLINE int decode_cols(const cseg_geom *G, const cseg_block *blk, const int
                 /* whole lines (decode_block's condition), as the voxel loop streams them */
                 const int64_t per = 64 / es;
                 char *d = o;
-                for (k = 0; k < nC; k += per, d += 64) {
+                int64_t k;
+                for (k = 0; k < nC; k += per, d += 64, wp += per * wstep) {
                     cseg_line line;
-                    int64_t q;
-                    for (q = 0; q < per; q++, wp += wstep) {
-                        const uint32_t idx = (ld32(wp) >> shift) & mask;
-                        if (checked && idx >= blk->tlen) {
-                            err->code = E_INDEX;
-                            err->a = idx;
-                            err->b = blk->tlen;
-                            return -1;
-                        }
-                        if (es == 8)
-                            line.u64[q] = ld64(blk->table + 8 * (uint64_t)idx);
-                        else
-                            line.u32[q] = ld32(blk->table + 4 * (uint64_t)idx);
-                    }
+                    if (decode_col_run((char *)&line, wp, wstep, shift, per, mask, blk, checked,
+                                       es, err) < 0)
+                        return -1;
                     stream_line(d, &line);
                 }
                 continue;
             }
 #endif
-            for (k = 0; k < nC; k++, wp += wstep) {
-                const uint32_t idx = (ld32(wp) >> shift) & mask;
-                if (checked && idx >= blk->tlen) {
-                    err->code = E_INDEX;
-                    err->a = idx;
-                    err->b = blk->tlen;
-                    return -1;
-                }
-                if (es == 8) {
-                    const uint64_t v = ld64(blk->table + 8 * (uint64_t)idx);
-                    memcpy(o + 8 * k, &v, 8);
-                } else {
-                    const uint32_t v = ld32(blk->table + 4 * (uint64_t)idx);
-                    memcpy(o + 4 * k, &v, 4);
-                }
-            }
+            if (decode_col_run(o, wp, wstep, shift, nC, mask, blk, checked, es, err) < 0)
+                return -1;
         }
     }
     return 0;
@@ -587,17 +588,9 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
                         int q;
                         for (q = 0; q < per; q++, bit += stepC) {
                             const uint32_t w = ld32(vals + 4 * (bit >> 5));
-                            const uint32_t idx = (w >> (bit & 31)) & mask;
-                            if (idx >= tlen) {
-                                err->code = E_INDEX;
-                                err->a = idx;
-                                err->b = tlen;
+                            if (put_entry((char *)&line + es * q, table, (w >> (bit & 31)) & mask,
+                                          tlen, 1, es, err) < 0)
                                 return -1;
-                            }
-                            if (es == 8)
-                                line.u64[q] = ld64(table + 8 * (uint64_t)idx);
-                            else
-                                line.u32[q] = ld32(table + 4 * (uint64_t)idx);
                         }
                         stream_line(o, &line);
                     }
@@ -606,20 +599,8 @@ CSEG_INLINE int decode_block(const cseg_geom *G, const cseg_block *blk,
 #endif
                 for (k = 0; k < nC; k++, o += sC, bit += stepC) {
                     const uint32_t w = ld32(vals + 4 * (bit >> 5));
-                    const uint32_t idx = (w >> (bit & 31)) & mask;
-                    if (idx >= tlen) {
-                        err->code = E_INDEX;
-                        err->a = idx;
-                        err->b = tlen;
+                    if (put_entry(o, table, (w >> (bit & 31)) & mask, tlen, 1, es, err) < 0)
                         return -1;
-                    }
-                    if (es == 8) {
-                        const uint64_t v = ld64(table + 8 * (uint64_t)idx);
-                        memcpy(o, &v, 8);
-                    } else {
-                        const uint32_t v = ld32(table + 4 * (uint64_t)idx);
-                        memcpy(o, &v, 4);
-                    }
                 }
             }
         }
