@@ -839,10 +839,6 @@ def _contiguous_out(size, dtype, skip, axis):
     return base, base[:, :, skip:skip + size[2]]
 
 
-def _fortran_out(size, dtype, x_skip):
-    return _contiguous_out(size, dtype, x_skip, 0)
-
-
 @pytest.mark.parametrize("axis", [0, 2])
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8, 16, 32])
