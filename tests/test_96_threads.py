@@ -340,3 +340,52 @@ def test_settle_does_not_wait_for_cancelled_tasks_to_reach_a_thread():
     blocker.result()
     pool.shutdown()
     assert returned and all(f.cancelled() for f in queued)
+
+
+def _decoding_threads(monkeypatch):
+    """The names of the threads that decoded chunks, as they decode."""
+    from xarray_precomputed.reading import volume
+
+    names: list[str] = []
+    decode = volume.ScaleReader._decode
+
+    def spy(self, *args, **kw):
+        names.append(threading.current_thread().name)
+        return decode(self, *args, **kw)
+
+    monkeypatch.setattr(volume.ScaleReader, "_decode", spy)
+    return names
+
+
+@pytest.mark.parametrize("name", ["cseg_u64_mm", "raw_u16_c2_id", "raw_f32_unsharded"])
+def test_reads_that_fill_every_core_decode_in_their_own_thread(volumes, monkeypatch, name):
+    """A read decodes in its calling thread while as many reads as there are cores run (dask's
+    threads, a block each), and spreads over the pool when it runs alone; the same voxels, and
+    the count of running reads back at 0 after a failed read."""
+    from xarray_precomputed.errors import MissingChunkError
+    from xarray_precomputed.reading import base
+
+    root, truth = volumes
+    names = _decoding_threads(monkeypatch)
+    reader = Volume.open(str(root / name)).scale(0)
+    # a count of our own, so that reads other tests left running do not move it
+    monkeypatch.setattr(base, "running_reads", base._RunningReads(cores=1000))
+    np.testing.assert_array_equal(reader.read(), truth[name])
+    assert names and any(n.startswith("xarray-precomputed") for n in names), set(names)
+
+    names.clear()
+    # one core: every read is one of as many readers as there are cores
+    monkeypatch.setattr(base, "running_reads", base._RunningReads(cores=1))
+    np.testing.assert_array_equal(reader.read(), truth[name])
+    assert names and set(names) == {threading.current_thread().name}
+    assert base.running_reads.count == 0
+
+    first = next(p for p in sorted((root / name).rglob("*")) if p.is_file() and p.name != "info")
+    moved = first.with_name(first.name + ".away")
+    first.rename(moved)
+    try:
+        with pytest.raises(MissingChunkError):
+            Volume.open(str(root / name), fill_missing=False).scale(0).read()
+    finally:
+        moved.rename(first)
+    assert base.running_reads.count == 0

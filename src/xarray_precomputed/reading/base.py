@@ -14,9 +14,11 @@ import functools
 import json
 import math
 import os
+import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -48,6 +50,33 @@ INLINE_DECODE_BYTES = 4 << 20
 REMOTE_BATCH = 32
 REMOTE_BATCH_BYTES = 16 << 20
 REMOTE_IN_FLIGHT = IO_THREADS
+
+
+class _RunningReads:
+    """How many reads this process is running at once. When as many callers as there are cores
+    are reading (dask's threads, a block each), a read decodes its own chunks in the calling
+    thread: handing them to the shared pool then only adds thread hops and splits each block's
+    chunks between cores (docs/design.md, "Reads inside dask tasks")."""
+
+    def __init__(self, cores: int | None = None) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+        self.cores = cores or max(2, os.cpu_count() or 1)
+
+    @contextmanager
+    def running(self) -> Iterator[bool]:
+        """Counts a read in while it runs; yields whether the callers keep every core busy."""
+        with self.lock:
+            self.count += 1
+            crowded = self.count >= self.cores
+        try:
+            yield crowded
+        finally:
+            with self.lock:
+                self.count -= 1
+
+
+running_reads = _RunningReads()
 
 
 def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
@@ -228,7 +257,8 @@ class ChunkedScaleReader(ABC):
         parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
         jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
         cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
-        self._fan_out(cells, jobs, out, zeroed)
+        with running_reads.running() as crowded:
+            self._fan_out(cells, jobs, out, zeroed, inline=crowded)
         return out
 
     def _place(self, data, cell, job, out: np.ndarray, name) -> None:
@@ -252,7 +282,8 @@ class ChunkedScaleReader(ABC):
         if not zeroed:
             out[dest_index(job)] = 0
 
-    def _fan_out(self, cells: np.ndarray, jobs: list, out: np.ndarray, zeroed: bool) -> None:
+    def _fan_out(self, cells: np.ndarray, jobs: list, out: np.ndarray, zeroed: bool, *,
+                 inline: bool = False) -> None:
         def fetch(group, members):
             return self._fetch(group, members, cells)
 
@@ -285,6 +316,10 @@ class ChunkedScaleReader(ABC):
             # (large groups split) and each is decoded as it arrives.
             batches, in_flight, part = self._remote_batches(groups, len(cells))
             pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part)
+            return
+        if inline:
+            for group, members in groups:
+                fetch_decoding(group, members)
             return
         if len(groups) == 1:
             # One group: its reads are one task's worth anyway, so they run here rather than
