@@ -32,11 +32,17 @@ W4  dask.distributed LocalCluster, 2 worker processes of 1 thread, W1's sharded 
 R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, uint64, each in
     64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
     stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
-    CloudVolume; each with W1's second read.
+    CloudVolume; each with W1's second read. `read-floor` is no reader: every chunk file read
+    whole, from two threads, into its own place in one fresh array (the kernel's copy and the
+    first touch, no format). For 1024×1024×1 chunks that is the whole of `ours`' work (each file
+    one z-plane of the Fortran result); for the others a reference, which a reader copying rows
+    with streaming stores can beat.
 D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
     rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
+    `dask-floor` (no reader, as W1's): the same chunks from np.ones through xarray and dask, then
+    the same computation; its speed over TensorStore's is the highest ratio any reader could reach.
 P   preferred chunks, `chunks={}` with the default `preferred_chunks="block"` (on the sharded
     seg shard-aligned blocks, on the unsharded em storage chunks grouped; at most 16 MiB
     locally, dask's `array.chunk-size` remotely) against `"chunk"` (the storage chunk): `.max()`
@@ -106,7 +112,7 @@ def worker(task: str, reader: str, path: str) -> dict:
         import xarray_precomputed.backends.precomputed
         import xarray_precomputed.storage.http_store  # noqa: F401
     if reader.startswith("ours") or reader in ("dask-floor", "dask-floor-F", "write-floor", "ts-dask",
-                                               "threads"):
+                                               "threads", "read-floor"):
         import dask.array  # xarray imports it lazily on first use: an import, not work
         import xarray as xr
 
@@ -144,7 +150,7 @@ def worker(task: str, reader: str, path: str) -> dict:
 
         xarray.namedarray.parallelcompat.list_chunkmanagers()
     block_shape = None
-    if block and reader == "ts-dask":  # the blocks ours chose: a parameter, not work to time
+    if block and reader in ("ts-dask", "dask-floor"):  # the blocks ours chose: a parameter
         from xarray_precomputed.reading.volume import Volume
 
         reader0 = Volume.open(path).scale(0)
@@ -172,6 +178,18 @@ def worker(task: str, reader: str, path: str) -> dict:
             ds = xr.open_dataset(path, engine="precomputed", chunks={},
                                  preferred_chunks="block" if block else "chunk")
             arr = ds[ds.attrs["type"]].data
+        elif reader == "dask-floor":
+            # No storage: W1's dask-floor (every block np.ones, C-ordered, through xarray's lazy
+            # wrappers) on the same chunks, then the same computation. What dask, xarray, the
+            # first touch of each block and the computation cost with a reader that costs
+            # nothing: TensorStore's time over this one is the most any reader could gain.
+            info = json.loads(Path(path, "info").read_text())
+            s0 = info["scales"][0]
+            shape = (*s0["size"], info["num_channels"])
+            v = xr.Variable(("x", "y", "z", "channel"),
+                            xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"])))
+            chunks = block_shape or (*s0["chunk_sizes"][0], info["num_channels"])
+            arr = v.chunk(dict(zip(v.dims, chunks))).data
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -201,6 +219,29 @@ def worker(task: str, reader: str, path: str) -> dict:
                             xr.core.indexing.LazilyIndexedArray(
                                 _Ones(shape, info["data_type"], "F" if reader.endswith("-F") else "C")))
             a = v.chunk(dict(zip(v.dims, (*s0["chunk_sizes"][0], info["num_channels"])))).data.compute()
+        elif reader == "read-floor":
+            # No format: every file of the scale read whole, from two threads, into its own
+            # place in one fresh array of the volume's size. What getting the stored bytes out of
+            # the page cache into new memory costs on this machine (the kernel's copy and the
+            # first touch); a 1024x1024x1 chunk is one z-plane of the Fortran result, so there
+            # it is the whole read.
+            from concurrent.futures import ThreadPoolExecutor
+
+            from xarray_precomputed.reading.base import allocate_result
+            from xarray_precomputed.storage._fileread import read_file
+
+            info = json.loads(Path(path, "info").read_text())
+            shape = (*info["scales"][0]["size"], info["num_channels"])
+            a = allocate_result(shape, info["data_type"], "F")[0]
+            files = sorted(str(f) for f in Path(path, info["scales"][0]["key"]).iterdir())
+            flat = memoryview(a.T).cast("B")
+            per = len(flat) // len(files)
+
+            def fill(k):
+                for i in range(k, len(files), 2):
+                    read_file(files[i], flat[i * per:(i + 1) * per])
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(fill, (0, 1)))
         elif reader == "write-floor":
             # No storage, no decoding: allocate the result as our reader does and write each byte
             # once from two threads. What first-touching the output alone costs on this machine.
@@ -493,18 +534,18 @@ def main() -> None:
         if "R" in only:
             for vol in raw_vols:
                 warm(paths[vol])
-                for reader in _rotated(("ours", "ts", "cv", "ours-C"), rnd):
+                for reader in _rotated(("ours", "ts", "cv", "ours-C", "read-floor"), rnd):
                     record(("R", vol, reader), run_one("R", reader, paths[vol]))
         for task in ("D", "M"):
             if task not in only:
                 continue
             for vol in dask_vols:
                 warm(paths[vol])
-                for reader in ("ours-dask", "ts-dask", "ours-dask-F"):
+                for reader in ("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"):
                     record((task, vol, reader), run_one(task, reader, paths[vol]))
             for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
                 warm(paths[vol])
-                for reader in _rotated(("ours-dask", "ts-dask"), rnd):
+                for reader in _rotated(("ours-dask", "ts-dask", "dask-floor"), rnd):
                     record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))
         if "P" in only:
             for where, url in (("seg", paths["seg"]), ("em", paths["em"]),
@@ -655,26 +696,32 @@ def report(results) -> str:
                 lines.append(f"{vol} | {reader} | {gbs:.2f} | {gbs / peer:.2f}x | {over:+.0f} | "
                              f"{second}{_err(rs)}")
         lines.append("")
-    for task, title, readers, peers in (
-            ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv")),
-            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",)),
+    for task, title, readers, peers, floor in (
+            ("R", "R raw matrix, full read", ("ours", "ours-C", "ts", "cv"), ("ts", "cv"),
+             "read-floor"),
+            ("D", "D dask chunks={} .max()", ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",),
+             "dask-floor"),
             ("M", "M dask chunks={} map_blocks(float32 * 2).sum()",
-             ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",))):
+             ("ours-dask", "ours-dask-F", "ts-dask"), ("ts-dask",), "dask-floor")):
         vols = list(dict.fromkeys(k[1] for k in results if k[0] == task))
         if not vols:
             continue
         second = task == "R"
-        lines += [f"{title} | " + " | ".join(f"{r} GB/s" for r in readers)
+        # The floor is no reader (see the docstring): its speed over the faster peer's is the
+        # highest ratio any reader could reach on this machine.
+        lines += [f"{title} | " + " | ".join(f"{r} GB/s" for r in (*readers, floor))
                   + f" | {readers[0]} / faster peer | {readers[0]} / {readers[1]}"
+                  + f" | {floor} / faster peer"
                   + (" | second read: ours GB/s | faster peer GB/s | ours / faster peer"
                      if second else ""),
-                  " | ".join(["---"] * (len(readers) + (6 if second else 3)))]
+                  " | ".join(["---"] * (len(readers) + (8 if second else 5)))]
         for vol in vols:
             rates = {r: _med(rs, "bytes") / _med(rs, "seconds") / 1e9
-                     for r in readers if (rs := results.get((task, vol, r)))}
+                     for r in (*readers, floor) if (rs := results.get((task, vol, r)))}
             peer = max((rates.get(r, float("nan")) for r in peers), default=float("nan"))
             ours, other = rates.get(readers[0], float("nan")), rates.get(readers[1], float("nan"))
-            errs = "".join(_err(results.get((task, vol, r), [])) for r in readers)
+            bound = rates.get(floor, float("nan"))
+            errs = "".join(_err(results.get((task, vol, r), [])) for r in (*readers, floor))
             tail = ""
             if second:
                 again = {r: _med(rs, "bytes") / _med(rs, "second_seconds") / 1e9
@@ -682,8 +729,10 @@ def report(results) -> str:
                 peer2 = max((again.get(r, float("nan")) for r in peers), default=float("nan"))
                 ours2 = again.get(readers[0], float("nan"))
                 tail = f" | {ours2:.2f} | {peer2:.2f} | {ours2 / peer2:.2f}x"
-            lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}" for r in readers)
-                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x{tail}{errs}")
+            lines.append(f"{vol} | " + " | ".join(f"{rates.get(r, float('nan')):.2f}"
+                                                  for r in (*readers, floor))
+                         + f" | {ours / peer:.2f}x | {ours / other:.2f}x | {bound / peer:.2f}x"
+                         f"{tail}{errs}")
         lines.append("")
     if any(k[0] == "P" for k in results):
         lines += ["P preferred chunks, chunks={} | block s | block CPU s | chunk s | chunk CPU s | "
