@@ -33,8 +33,8 @@ R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, 
     64³, 128×128×32, 256×256×16 and 1024×1024×1 chunks): W1's full reads, ours `.values` in the
     stored (Fortran) memory order (`ours`, the default) and in C order (`ours-C`), TensorStore,
     CloudVolume; each with W1's second read. `read-floor` is no reader: every chunk file read
-    whole, from two threads, into its own place in one fresh array (the kernel's copy and the
-    first touch, no format). For 1024×1024×1 chunks that is the whole of `ours`' work (each file
+    whole, from two threads, into a slot of its size in one fresh array (the kernel's copy and
+    the first touch, no format). For 1024×1024×1 chunks that is the whole of `ours`' work (each file
     one z-plane of the Fortran result); for the others a reference, which a reader copying rows
     with streaming stores can beat.
 D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
@@ -183,13 +183,7 @@ def worker(task: str, reader: str, path: str) -> dict:
             # wrappers) on the same chunks, then the same computation. What dask, xarray, the
             # first touch of each block and the computation cost with a reader that costs
             # nothing: TensorStore's time over this one is the most any reader could gain.
-            info = json.loads(Path(path, "info").read_text())
-            s0 = info["scales"][0]
-            shape = (*s0["size"], info["num_channels"])
-            v = xr.Variable(("x", "y", "z", "channel"),
-                            xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"])))
-            chunks = block_shape or (*s0["chunk_sizes"][0], info["num_channels"])
-            arr = v.chunk(dict(zip(v.dims, chunks))).data
+            arr = _ones_dask(path, block_shape)
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -212,16 +206,11 @@ def worker(task: str, reader: str, path: str) -> dict:
             # chunk is np.ones (a reader that costs only writing its chunk), with the volume's
             # shape, dtype and storage chunks. What dask and xarray alone cost to assemble the
             # result from storage-sized chunks: no reader's dask path can beat it.
-            info = json.loads(Path(path, "info").read_text())
-            s0 = info["scales"][0]
-            shape = (*s0["size"], info["num_channels"])
-            v = xr.Variable(("x", "y", "z", "channel"),
-                            xr.core.indexing.LazilyIndexedArray(
-                                _Ones(shape, info["data_type"], "F" if reader.endswith("-F") else "C")))
-            a = v.chunk(dict(zip(v.dims, (*s0["chunk_sizes"][0], info["num_channels"])))).data.compute()
+            a = _ones_dask(path, order="F" if reader.endswith("-F") else "C").compute()
         elif reader == "read-floor":
-            # No format: every file of the scale read whole, from two threads, into its own
-            # place in one fresh array of the volume's size. What getting the stored bytes out of
+            # No format: every file of the scale read whole, from two threads, each into a slot
+            # of its size in one fresh array of the volume's size (in name order, not the
+            # volume's: the bytes, not their places, are what is timed). What getting the stored bytes out of
             # the page cache into new memory costs on this machine (the kernel's copy and the
             # first touch); a 1024x1024x1 chunk is one z-plane of the Fortran result, so there
             # it is the whole read.
@@ -410,6 +399,20 @@ def _Ones(shape, dtype, order="C"):
                            order=order)
 
     return Ones()
+
+
+def _ones_dask(path, chunks=None, order="C"):
+    """The dask-floor array: the scale's shape and dtype over np.ones blocks (`_Ones`) through
+    xarray's lazy wrappers and `.chunk`, in `chunks` (default: the storage chunks)."""
+    import xarray as xr
+
+    info = json.loads(Path(path, "info").read_text())
+    s0 = info["scales"][0]
+    shape = (*s0["size"], info["num_channels"])
+    v = xr.Variable(("x", "y", "z", "channel"),
+                    xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"], order)))
+    chunks = chunks or (*s0["chunk_sizes"][0], info["num_channels"])
+    return v.chunk(dict(zip(v.dims, chunks))).data
 
 
 def _worker_counts() -> dict:
