@@ -367,10 +367,11 @@ def test_pickled_reader_reads_the_same(oracle_volume):
 @pytest.mark.parametrize("name", DATA_NAMES)
 def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
     """Results past LARGE_RESULT_BYTES are allocated line-aligned without huge pages and written
-    with streaming stores; with the threshold at 0 every read takes that path."""
+    with streaming stores; with the thresholds at 0 every read takes that path."""
     from xarray_precomputed.reading import base as volume
 
     monkeypatch.setattr(volume, "LARGE_RESULT_BYTES", 0)
+    monkeypatch.setattr(volume, "STREAM_RESULT_BYTES", 0)
     vol = oracle_volume(name)
     r = Volume.open(vol.url).scale(0)
     got = r.read()
@@ -379,6 +380,33 @@ def test_large_result_path_reads_the_same(oracle_volume, name, monkeypatch):
     rng = np.random.default_rng(seed(name, "large"))
     for box in random_boxes(vol.truth[0].shape, rng, 6):
         same(r.read(box), vol.truth[0][box])
+
+
+@pytest.mark.parametrize("dtype", ["uint64", "uint32"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_streamed_blocks_in_reused_memory_read_the_same(tmp_path, monkeypatch, dtype, order):
+    """compressed_segmentation (`Codec.streams_blocks`) writes results of STREAM_RESULT_BYTES or
+    more (16 MiB dask blocks) with streaming stores, into memory the reader reuses
+    (`ResultMemory`), not only into large results. With the threshold at 0 every read takes that
+    path. Whole lines are streamed only where a z-row (C order) or an x-row (F order) spans
+    them, so this volume's extents are multiples of 64 and its boxes both align with lines and
+    cut them; TensorStore wrote it and reads the truth."""
+    from xarray_precomputed.reading import base as volume
+
+    monkeypatch.setattr(volume, "STREAM_RESULT_BYTES", 0)
+    data = oracle.labels((128, 64, 128, 1), seed=7, dtype=np.dtype(dtype))
+    path = oracle.write_volume(tmp_path / "v", data, chunk_size=(64, 32, 64),
+                               encoding="compressed_segmentation", block_size=(8, 8, 8),
+                               sharding={"preshift_bits": 0, "minishard_bits": 1,
+                                         "shard_bits": 1})
+    truth = oracle.ts_read(path)
+    assert np.array_equal(truth, data)
+    r = Volume.open(str(path)).scale(0)
+    for box in (None, (slice(0, 128), slice(0, 64), slice(64, 128)),
+                (slice(64, 128), slice(32, 64), slice(0, 64)),
+                (slice(3, 125), slice(1, 63), slice(8, 120)), (slice(5, 77), slice(9, 40), slice(7, 71))):
+        got = r.read(box, order=order)
+        same(got, truth if box is None else truth[box])
 
 
 @pytest.mark.parametrize("dtype, nc", [("uint8", 1), ("uint16", 3), ("uint64", 1)])
@@ -390,6 +418,7 @@ def test_large_fortran_results_with_long_rows_read_the_same(tmp_path, monkeypatc
     from xarray_precomputed.reading import base as volume
 
     monkeypatch.setattr(volume, "LARGE_RESULT_BYTES", 0)
+    monkeypatch.setattr(volume, "STREAM_RESULT_BYTES", 0)
     rng = np.random.default_rng(nc)
     data = rng.integers(1, 1 << 16, (700, 9, 5, nc)).astype(dtype)
     path = oracle.write_volume(tmp_path / "wide", data, chunk_size=(320, 4, 3))

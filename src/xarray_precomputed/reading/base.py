@@ -41,6 +41,11 @@ from .selection import (
 # Results at least this large are "large": allocated without huge pages, line-aligned, and written
 # by codecs with streaming (non-temporal) stores.
 LARGE_RESULT_BYTES = 32 << 20
+# Results at least this large, from reused memory too, are written with streaming stores by the
+# codecs that ask for it (`Codec.streams_blocks`): a 16 MiB dask block (seg's default, 128^3
+# uint64) is more than a core's share of the cache, so an ordinary store first fetches each line
+# it writes (docs/design.md, "Streaming stores into 16 MiB blocks"; 4 MiB blocks got slower).
+STREAM_RESULT_BYTES = 16 << 20
 # Results up to this size, from one fetch group, are decoded by the calling thread.
 INLINE_DECODE_BYTES = 4 << 20
 # From a remote store, chunks are fetched in batches of at most REMOTE_BATCH chunks and about
@@ -167,6 +172,8 @@ class ChunkedScaleReader(ABC):
     # Whether a stored chunk is its voxels as they are (raw, in this machine's byte order): then
     # where a whole chunk is one run of a Fortran-ordered result, the result is its stored bytes.
     stores_plain_voxels = False
+    # Whether the decoder streams into results of STREAM_RESULT_BYTES or more (not only large ones).
+    streams_blocks = False
 
     def _remote_batches(self, groups: list, n: int) -> tuple[list, int, int | None]:
         """How a remote read of `n` chunks in `groups` is fetched: (batches of (group, members),
@@ -265,8 +272,9 @@ class ChunkedScaleReader(ABC):
         shape = self._cell_shape(cell)
         if all(isinstance(p.dest, slice) for p in job):
             view = out[job[0].dest, job[1].dest, job[2].dest]
+            least = STREAM_RESULT_BYTES if self.streams_blocks else LARGE_RESULT_BYTES
             self._decode(data, view, origin=tuple(p.local.start for p in job), chunk_shape=shape,
-                         chunk=name, stream=out.nbytes >= LARGE_RESULT_BYTES)
+                         chunk=name, stream=out.nbytes >= least)
             return
         lo_hi = [part_bounds(p.local) for p in job]
         tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)

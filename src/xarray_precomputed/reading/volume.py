@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..codecs import get_decoder
+from ..codecs import get_codec, get_decoder
 from ..codecs.raw import plain_voxels, stored_view
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
@@ -96,6 +96,7 @@ class ScaleReader(ChunkedScaleReader):
         super().__init__(url, info, scale, storage_options=storage_options,
                          fill_missing=fill_missing, chunk_size_index=chunk_size_index)
         self._decoder = get_decoder(scale.encoding)
+        self.streams_blocks = get_codec(scale.encoding).streams_blocks
         self.stores_plain_voxels = scale.encoding == "raw" and plain_voxels(info.dtype)
         # Unsharded: one fetch group is the whole read, spread over the workers when remote.
         self.spread_batches = scale.sharding is None
