@@ -179,11 +179,12 @@ def worker(task: str, reader: str, path: str) -> dict:
                                  preferred_chunks="block" if block else "chunk")
             arr = ds[ds.attrs["type"]].data
         elif reader == "dask-floor":
-            # No storage: W1's dask-floor (every block np.ones, C-ordered, through xarray's lazy
-            # wrappers) on the same chunks, then the same computation. What dask, xarray, the
-            # first touch of each block and the computation cost with a reader that costs
-            # nothing: TensorStore's time over this one is the most any reader could gain.
-            arr = _ones_dask(path, block_shape)
+            # No storage: W1's dask-floor (every block all ones, C-ordered, through xarray's lazy
+            # wrappers) on the same chunks, in reused memory as ours, then the same
+            # computation. What dask, xarray, writing each block and the computation cost with
+            # a reader that costs nothing: TensorStore's time over this one is the most any
+            # reader could gain.
+            arr = _ones_dask(path, block_shape, reuse=True)
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -379,12 +380,21 @@ class _TsArray:
         return self.t[key].read().result()
 
 
-def _Ones(shape, dtype, order="C"):
-    """A backend array of the given shape whose every read is np.ones: a reader that costs only
-    writing its chunk."""
+def _Ones(shape, dtype, order="C", reuse=False):
+    """A backend array of the given shape whose every read is all ones: a reader that costs only
+    writing its chunk. With `reuse`, each block is written into memory kept and handed out again
+    as our reader's blocks are (`ResultMemory`), not fresh from np.ones: for a computation per
+    block (D, M) fresh blocks are fresh pages each time, which ours do not pay, and the floor would
+    not be one."""
     import numpy as np
     import xarray as xr
     from xarray.core import indexing
+
+    memory = None
+    if reuse:
+        from xarray_precomputed.reading.result_memory import ResultMemory
+
+        memory = ResultMemory()
 
     class Ones(xr.backends.BackendArray):
         def __init__(self):
@@ -395,14 +405,18 @@ def _Ones(shape, dtype, order="C"):
                                                       self._get)
 
         def _get(self, key):
-            return np.ones(np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape, self.dtype,
-                           order=order)
+            part = np.broadcast_to(np.empty((), self.dtype), self.shape)[key].shape
+            if memory is None:
+                return np.ones(part, self.dtype, order=order)
+            block = memory.empty(part, self.dtype, order=order)
+            block.fill(1)
+            return block
 
     return Ones()
 
 
-def _ones_dask(path, chunks=None, order="C"):
-    """The dask-floor array: the scale's shape and dtype over np.ones blocks (`_Ones`) through
+def _ones_dask(path, chunks=None, order="C", reuse=False):
+    """The dask-floor array: the scale's shape and dtype over blocks of ones (`_Ones`) through
     xarray's lazy wrappers and `.chunk`, in `chunks` (default: the storage chunks)."""
     import xarray as xr
 
@@ -410,7 +424,8 @@ def _ones_dask(path, chunks=None, order="C"):
     s0 = info["scales"][0]
     shape = (*s0["size"], info["num_channels"])
     v = xr.Variable(("x", "y", "z", "channel"),
-                    xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"], order)))
+                    xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"], order,
+                                                              reuse)))
     chunks = chunks or (*s0["chunk_sizes"][0], info["num_channels"])
     return v.chunk(dict(zip(v.dims, chunks))).data
 
