@@ -77,3 +77,47 @@ def test_blocks_reuse_memory_under_a_fixed_trim_threshold(tmp_path):
     assert got["first"] == top and got["again"] == [top] * 4
     block_pages = 4 * 32 * 64 ** 3 // 4096   # four computes of 32 blocks, each fresh
     assert got["faults"] < block_pages // 8, got
+
+
+def test_a_workers_large_blocks_reuse_memory_and_read_the_same(tmp_path, monkeypatch):
+    """In a dask.distributed worker, blocks past LARGE_RESULT_BYTES (dask's 128 MiB target there)
+    come from memory the worker keeps for the next block, not from a fresh zeroed mapping each.
+    That memory holds the previous block's voxels (here a garbage pattern on every hand-out), so
+    missing chunks must still read as 0: sums and maxima against TensorStore's read, chunks
+    missing from the volume. The thresholds are lowered so that this small volume's blocks take
+    the path; the worker runs in this process (processes=False), where the patches apply."""
+    import xarray as xr
+    from distributed import Client, LocalCluster
+
+    from xarray_precomputed.reading import base
+    from xarray_precomputed.reading.result_memory import ResultMemory
+
+    data = make_data((128, 128, 64, 1), np.uint16, seed=641)
+    # the chunks with x >= 96 are never written
+    path = write_volume(tmp_path / "img", data, chunk_size=(32, 32, 32),
+                        region=(slice(0, 96), slice(0, 128), slice(0, 64)))
+    truth = ts_read(path)
+    assert (truth[96:] == 0).all() and truth.any()
+
+    pool = ResultMemory(max_bytes=1 << 20, min_bytes=0)
+    handed = []
+
+    def garbage_block(shape, dtype, order="C"):
+        a = pool.empty(shape, dtype, order=order)
+        a.reshape(-1, order="A").view(np.uint8)[...] = 0x5A
+        handed.append(a.nbytes)
+        return a
+
+    monkeypatch.setattr(base, "LARGE_RESULT_BYTES", 4096)
+    monkeypatch.setattr(base, "_allocate_worker_block", garbage_block)
+    assert not base.in_dask_worker()
+    assert base.allocate_result((64, 64, 64, 1), np.uint16)[1]  # outside a worker: fresh, zeroed
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster):
+        var = xr.open_dataset(path, engine="precomputed",
+                              chunks={"x": 32, "y": 64, "z": 32})["image"]
+        assert var.data.npartitions == 16
+        assert int(var.data.sum().compute()) == int(truth.astype(np.int64).sum())
+        assert int(var.data.max().compute()) == int(truth.max())
+        np.testing.assert_array_equal(var.data.compute(), truth)
+    assert len(handed) >= 48 and pool.reused > 0
