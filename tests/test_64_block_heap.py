@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from oracle import make_data, ts_read, write_volume
 
 CHILD = r"""
@@ -79,6 +80,10 @@ def test_blocks_reuse_memory_under_a_fixed_trim_threshold(tmp_path):
     assert got["faults"] < block_pages // 8, got
 
 
+
+# An in-process scheduler always serves HTTP, on 8787 if it can: beside another test's cluster
+# (pytest-xdist) it says so and takes another port.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
 def test_a_workers_large_blocks_reuse_memory_and_read_the_same(tmp_path, monkeypatch):
     """In a dask.distributed worker, blocks past LARGE_RESULT_BYTES (dask's 128 MiB target there)
     come from memory the worker keeps for the next block, not from a fresh zeroed mapping each.
