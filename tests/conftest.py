@@ -68,18 +68,20 @@ def multi_chunk_sizes_volume(oracle_root) -> oracle.OracleVolume:
 
 @pytest.fixture(autouse=True)
 def _garbage_in_uninitialised_results(monkeypatch):
-    """The reader leaves small results uninitialised (each voxel is written by a decoder, or
-    zeroed because its chunk is missing). Here they start as a 0xA5 pattern instead of whatever
-    memory held, so a voxel nobody wrote shows up in every comparison."""
+    """The reader leaves small results, and a dask worker's blocks, uninitialised (each voxel is
+    written by a decoder, or zeroed because its chunk is missing). Here they start as a 0xA5
+    pattern instead of whatever memory held, so a voxel nobody wrote shows up in every
+    comparison."""
     import numpy as np
 
     from xarray_precomputed.reading import base as volume
 
-    reader_allocate = volume._allocate_small
+    def garbage(reader_allocate):
+        def allocate(shape, dtype, order="C"):
+            a = reader_allocate(shape, dtype, order=order)
+            a.reshape(-1, order="A").view(np.uint8)[...] = 0xA5
+            return a
+        return allocate
 
-    def allocate(shape, dtype, order="C"):
-        a = reader_allocate(shape, dtype, order=order)
-        a.reshape(-1, order="A").view(np.uint8)[...] = 0xA5
-        return a
-
-    monkeypatch.setattr(volume, "_allocate_small", allocate)
+    monkeypatch.setattr(volume, "_allocate_small", garbage(volume._allocate_small))
+    monkeypatch.setattr(volume, "_allocate_worker_block", garbage(volume._allocate_worker_block))

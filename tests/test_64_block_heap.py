@@ -80,22 +80,21 @@ def test_blocks_reuse_memory_under_a_fixed_trim_threshold(tmp_path):
     assert got["faults"] < block_pages // 8, got
 
 
-
 # An in-process scheduler always serves HTTP, on 8787 if it can: beside another test's cluster
 # (pytest-xdist) it says so and takes another port.
 @pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
 def test_a_workers_large_blocks_reuse_memory_and_read_the_same(tmp_path, monkeypatch):
     """In a dask.distributed worker, blocks past LARGE_RESULT_BYTES (dask's 128 MiB target there)
-    come from memory the worker keeps for the next block, not from a fresh zeroed mapping each.
-    That memory holds the previous block's voxels (here a garbage pattern on every hand-out), so
-    missing chunks must still read as 0: sums and maxima against TensorStore's read, chunks
-    missing from the volume. The thresholds are lowered so that this small volume's blocks take
-    the path; the worker runs in this process (processes=False), where the patches apply."""
+    come from memory the worker keeps for the next block (`worker_block_memory`), not from a
+    fresh zeroed mapping each. That memory holds earlier voxels (here conftest's garbage pattern
+    on every hand-out), so missing chunks must still read as 0: sums, maxima and the whole array
+    against TensorStore's read, chunks missing from the volume. The threshold is lowered so that
+    this small volume's blocks take the path; the worker runs in this process (processes=False),
+    where the patch applies."""
     import xarray as xr
     from distributed import Client, LocalCluster
 
     from xarray_precomputed.reading import base
-    from xarray_precomputed.reading.result_memory import ResultMemory
 
     data = make_data((128, 128, 64, 1), np.uint16, seed=641)
     # the chunks with x >= 96 are never written
@@ -104,17 +103,9 @@ def test_a_workers_large_blocks_reuse_memory_and_read_the_same(tmp_path, monkeyp
     truth = ts_read(path)
     assert (truth[96:] == 0).all() and truth.any()
 
-    pool = ResultMemory(max_bytes=1 << 20, min_bytes=0)
-    handed = []
-
-    def garbage_block(shape, dtype, order="C"):
-        a = pool.empty(shape, dtype, order=order)
-        a.reshape(-1, order="A").view(np.uint8)[...] = 0x5A
-        handed.append(a.nbytes)
-        return a
-
+    pool = base.worker_block_memory
+    before = pool.created + pool.reused, pool.reused
     monkeypatch.setattr(base, "LARGE_RESULT_BYTES", 4096)
-    monkeypatch.setattr(base, "_allocate_worker_block", garbage_block)
     assert not base.in_dask_worker()
     assert base.allocate_result((64, 64, 64, 1), np.uint16)[1]  # outside a worker: fresh, zeroed
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
@@ -125,4 +116,4 @@ def test_a_workers_large_blocks_reuse_memory_and_read_the_same(tmp_path, monkeyp
         assert int(var.data.sum().compute()) == int(truth.astype(np.int64).sum())
         assert int(var.data.max().compute()) == int(truth.max())
         np.testing.assert_array_equal(var.data.compute(), truth)
-    assert len(handed) >= 48 and pool.reused > 0
+    assert pool.created + pool.reused - before[0] >= 48 and pool.reused > before[1]

@@ -116,7 +116,8 @@ _allocate_small: Callable[..., np.ndarray] = result_memory.empty
 # "Reused memory for a worker's blocks"). Only in workers: a process of the user's own would
 # keep that memory after its last compute.
 WORKER_BLOCK_BYTES = 256 << 20
-worker_block_memory = ResultMemory(max_bytes=WORKER_BLOCK_BYTES, min_bytes=LARGE_RESULT_BYTES)
+worker_block_memory = ResultMemory(max_bytes=WORKER_BLOCK_BYTES, min_bytes=0)  # sizes: allocate_result
+# tests wrap it as _allocate_small
 _allocate_worker_block: Callable[..., np.ndarray] = worker_block_memory.empty
 
 
