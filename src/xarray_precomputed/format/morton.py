@@ -35,6 +35,8 @@ def compressed_morton(cells, grid_shape) -> np.ndarray:
 def chunk_key(cell, chunk_size, size, voxel_offset) -> str:
     """Unsharded chunk name `x0-x1_y0-y1_z0-z1` in absolute voxel coordinates."""
     parts = []
+    if isinstance(cell, np.ndarray):
+        cell = cell.tolist()  # Python ints: numpy scalar arithmetic is slower
     for g, c, s, o in zip(cell, chunk_size, size, voxel_offset):
         begin = int(g) * c
         parts.append(f"{o + begin}-{o + min(begin + c, s)}")

@@ -3,8 +3,7 @@ splitting each axis' selection by the grid cells it touches. Shared by every rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -13,9 +12,9 @@ from ..errors import BoundsError
 _AXES = "xyz"
 
 
-@dataclass(frozen=True)
-class AxisPart:
-    """The part of one axis' selection that falls in one grid cell."""
+class AxisPart(NamedTuple):
+    """The part of one axis' selection that falls in one grid cell. (A tuple: a frozen
+    dataclass cost ~2 us more per part, three parts per chunk of every read.)"""
     cell: int
     dest: slice | np.ndarray   # positions in the output
     local: slice | np.ndarray  # positions inside the chunk

@@ -164,6 +164,8 @@ class ScaleReader(ChunkedScaleReader):
     def _plan(self, cells: np.ndarray, out: np.ndarray) -> list[tuple[Any, Any]]:
         sharding = self.scale_info.sharding
         if sharding is None:
+            if len(cells) == 1:
+                return [(None, [0])]
             # Chunks that run at the same time should write disjoint pages of the result
             # (first-touching one page from several threads at once costs repeated faults;
             # measured ~60% more faults): in a C-ordered result z-neighbours share every page,
