@@ -156,6 +156,15 @@ def worker(task: str, reader: str, path: str) -> dict:
         reader0 = Volume.open(path).scale(0)
         block_shape = (*xarray_precomputed.backends.precomputed.preferred_chunk_shape(reader0),
                        reader0.info.num_channels)
+    values = None
+    if task in ("D", "M") and reader == "dask-floor":
+        # The floor's blocks hold the volume's own voxels, read here before the clock: a
+        # computation can cost more on some values than on others (uint64 -> float32 is ~4x
+        # slower for values past 2^63 than for ones), and the floor must pay what the readers'
+        # blocks make the computation pay.
+        from xarray_precomputed.reading.volume import Volume
+
+        values = Volume.open(path).scale(0).read(order="C")
     # The imports leave a full garbage collection due (~90k new objects); whichever reader
     # allocates first would pay it (~50 ms here) inside its timing. It is part of the imports.
     gc.collect()
@@ -184,7 +193,7 @@ def worker(task: str, reader: str, path: str) -> dict:
             # computation. What dask, xarray, writing each block and the computation cost with
             # a reader that costs nothing: TensorStore's time over this one is the most any
             # reader could gain.
-            arr = _ones_dask(path, block_shape, reuse=True)
+            arr = _ones_dask(path, block_shape, reuse=True, values=values)
         else:
             t = ts.open({"driver": "neuroglancer_precomputed",
                          "kvstore": {"driver": "file", "path": path}}).result()
@@ -380,12 +389,12 @@ class _TsArray:
         return self.t[key].read().result()
 
 
-def _Ones(shape, dtype, order="C", reuse=False):
-    """A backend array of the given shape whose every read is all ones: a reader that costs only
-    writing its chunk. With `reuse`, each block is written into memory kept and handed out again
-    as our reader's blocks are (`ResultMemory`), not fresh from np.ones: for a computation per
-    block (D, M) fresh blocks are fresh pages each time, which ours do not pay, and the floor would
-    not be one."""
+def _Ones(shape, dtype, order="C", reuse=False, values=None):
+    """A backend array of the given shape whose every read is all ones (or, with `values`, a copy
+    of that in-memory array's part): a reader that costs only writing its chunk. With `reuse`,
+    each block is written into memory kept and handed out again as our reader's blocks are
+    (`ResultMemory`), not fresh from np.ones: for a computation per block (D, M) fresh blocks are
+    fresh pages each time, which ours do not pay, and the floor would not be one."""
     import numpy as np
     import xarray as xr
     from xarray.core import indexing
@@ -409,15 +418,19 @@ def _Ones(shape, dtype, order="C", reuse=False):
             if memory is None:
                 return np.ones(part, self.dtype, order=order)
             block = memory.empty(part, self.dtype, order=order)
-            block.fill(1)
+            if values is None:
+                block.fill(1)
+            else:
+                np.copyto(block, values[key])
             return block
 
     return Ones()
 
 
-def _ones_dask(path, chunks=None, order="C", reuse=False):
-    """The dask-floor array: the scale's shape and dtype over blocks of ones (`_Ones`) through
-    xarray's lazy wrappers and `.chunk`, in `chunks` (default: the storage chunks)."""
+def _ones_dask(path, chunks=None, order="C", reuse=False, values=None):
+    """The dask-floor array: the scale's shape and dtype over blocks of ones (or of `values`, the
+    scale's voxels in memory: `_Ones`) through xarray's lazy wrappers and `.chunk`, in `chunks`
+    (default: the storage chunks)."""
     import xarray as xr
 
     info = json.loads(Path(path, "info").read_text())
@@ -425,7 +438,7 @@ def _ones_dask(path, chunks=None, order="C", reuse=False):
     shape = (*s0["size"], info["num_channels"])
     v = xr.Variable(("x", "y", "z", "channel"),
                     xr.core.indexing.LazilyIndexedArray(_Ones(shape, info["data_type"], order,
-                                                              reuse)))
+                                                              reuse, values)))
     chunks = chunks or (*s0["chunk_sizes"][0], info["num_channels"])
     return v.chunk(dict(zip(v.dims, chunks))).data
 
