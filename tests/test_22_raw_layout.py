@@ -3,27 +3,51 @@ Fortran-order little-endian bytes), both against numpy's own copy."""
 
 from __future__ import annotations
 
+import contextlib
+import platform
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import oracle
+from xarray_precomputed.codecs import _fortran
 from xarray_precomputed.codecs.raw import copy_fortran_chunk, encode
 
 
+@contextlib.contextmanager
+def simd(path):
+    """uint64 into z-contiguous destinations has an AVX2 path beside the SSE2 one; each runs
+    here whatever the other would be chosen."""
+    was = _fortran._set_avx2(path == "avx2")
+    try:
+        yield
+    finally:
+        _fortran._set_avx2(was)
+
+
+def test_avx2_path_is_on_where_the_cpu_has_it():
+    flags = open("/proc/cpuinfo").read().split() if sys.platform == "linux" else []
+    with simd("avx2"):
+        assert _fortran._set_avx2(True) == ("avx2" in flags and platform.machine() == "x86_64")
+
+
+@pytest.mark.parametrize("path", ["avx2", "sse2"])
 @settings(max_examples=150, deadline=None)
 @given(shape=st.tuples(*[st.integers(1, 70)] * 3), nc=st.integers(1, 3),
        dtype=st.sampled_from(["u1", "i2", "u4", "f4", "u8"]), order=st.sampled_from("CF"),
        data=st.data())
-def test_copy_matches_numpy(shape, nc, dtype, order, data):
+def test_copy_matches_numpy(path, shape, nc, dtype, order, data):
     rng = np.random.default_rng(0)
     chunk = rng.integers(0, 250, (*shape, nc)).astype(dtype)
     origin = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
     extent = tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, origin))
     big = np.zeros((extent[0] + 3, extent[1] + 2, extent[2] + 5, nc + 1), dtype, order=order)
     view = big[1:1 + extent[0], 2:2 + extent[1], 3:3 + extent[2], :nc]
-    copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin)
+    with simd(path):
+        copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin)
     o = origin
     assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
     # nothing outside the region was touched
@@ -85,14 +109,16 @@ def test_copy_rejects_wrong_length_and_regions_outside_the_chunk():
     assert copy_fortran_chunk(b"\0" * 8, np.zeros((2, 2, 2, 1), np.uint8), np.array([2, 2, 2]), (np.int64(0), 0, 0)) is None
 
 
+@pytest.mark.parametrize("path", ["avx2", "sse2"])
 @settings(max_examples=300, deadline=None)
 @given(shape=st.tuples(st.integers(1, 140), st.integers(1, 9), st.integers(1, 140)),
        stream=st.booleans(), zpad=st.sampled_from([0, 1, 16, 64]),
        dtype=st.sampled_from(["u1", "i2", "u4", "f4", "u8"]), data=st.data())
-def test_z_contiguous_tiles_match_numpy(shape, stream, zpad, dtype, data):
+def test_z_contiguous_tiles_match_numpy(path, shape, stream, zpad, dtype, data):
     """The single-channel path of every element size (tiles of 64-byte rows, 16-byte register
     transposes, streamed aligned rows; y-planes in turn for 1 and 2 bytes, y innermost with
-    prefetching for 4 and 8): every size around the tile and block edges, every alignment of
+    prefetching for 4 and 8; for 8 also 32-byte register blocks straight from chunk to result
+    where the CPU has AVX2): every size around the tile and block edges, every alignment of
     the destination rows."""
     rng = np.random.default_rng(sum(shape))
     chunk = rng.integers(0, 256, (*shape, 1)).astype(dtype)
@@ -101,11 +127,32 @@ def test_z_contiguous_tiles_match_numpy(shape, stream, zpad, dtype, data):
     big = oracle.line_aligned((extent[0] + 1, extent[1], extent[2] + zpad, 1), dtype)
     view = big[1:, :, :extent[2]]
     assert view.strides[2] == view.itemsize
-    copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
+    with simd(path):
+        copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
     o = origin
     assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
     big[1:, :, :extent[2]] = 0
     assert not big.any()
+
+
+@pytest.mark.parametrize("path", ["avx2", "sse2"])
+@settings(max_examples=100, deadline=None)
+@given(shape=st.tuples(st.integers(1, 40), st.integers(1, 5), st.integers(1, 40)),
+       nc=st.integers(2, 3), stream=st.booleans(), data=st.data())
+def test_z_contiguous_channel_planes_match_numpy(path, shape, nc, stream, data):
+    """z contiguous, each channel a plane of its own (a (C, X, Y, Z) array seen as XYZC), uint64:
+    the single-channel tiles once per channel, nothing written between the planes."""
+    rng = np.random.default_rng(sum(shape) + nc)
+    chunk = rng.integers(0, 2**64, (*shape, nc), dtype=np.uint64, endpoint=False)
+    origin = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
+    extent = tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, origin))
+    big = np.zeros((nc, extent[0], extent[1], extent[2] + 3), np.uint64)
+    view = big[..., :extent[2]].transpose(1, 2, 3, 0)
+    with simd(path):
+        copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
+    o = origin
+    assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
+    assert not big[..., extent[2]:].any()
 
 
 @settings(max_examples=300, deadline=None)
@@ -148,6 +195,26 @@ def test_uint8_streamed_rows(shape, origin, extent, zpad, stream):
     big = oracle.line_aligned((extent[0], extent[1], extent[2] + zpad, 1))
     view = big[:, :, :extent[2]]
     copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
+    o = origin
+    assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
+    assert not big[:, :, extent[2]:].any()
+
+
+@pytest.mark.parametrize("shape, origin, extent, zpad", [
+    ((64, 4, 64), (0, 0, 0), (64, 4, 64), 0),          # every row whole aligned lines
+    ((128, 3, 40), (0, 0, 0), (128, 3, 40), 0),        # 5 lines a row, tiles of 8 x
+    ((100, 2, 130), (3, 1, 2), (90, 1, 128), 0),       # lines, and tiles cut at the x edge
+    ((64, 4, 64), (0, 0, 0), (64, 4, 64), 1),          # rows off the line grid: no streaming
+])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["avx2", "sse2"])
+def test_uint64_streamed_tiles(shape, origin, extent, zpad, stream, path):
+    rng = np.random.default_rng(8)
+    chunk = rng.integers(0, 2**64, (*shape, 1), dtype=np.uint64, endpoint=False)
+    big = oracle.line_aligned((extent[0], extent[1], extent[2] + zpad, 1), np.uint64)
+    view = big[:, :, :extent[2]]
+    with simd(path):
+        copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
     o = origin
     assert np.array_equal(view, chunk[o[0]:o[0] + extent[0], o[1]:o[1] + extent[1], o[2]:o[2] + extent[2]])
     assert not big[:, :, extent[2]:].any()

@@ -170,6 +170,104 @@ DEFINE_COPY(copy_u16_tiled, uint16_t)
 DEFINE_COPY(copy_u32, uint32_t)
 DEFINE_COPY(copy_u64, uint64_t)
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+/* Whether the running CPU has AVX2 (set at import; a module function turns it off for tests). */
+static int use_avx2 = 0;
+
+/* The 4x4 matrix of 64-bit values at `in` (rows `is` bytes apart) transposed into `out` (rows
+ * `os` apart): pairs interleaved within each 128-bit lane, then the lanes exchanged. With
+ * `stream`, the four 32-byte rows go out as non-temporal stores (aligned by the caller). */
+__attribute__((target("avx2"))) static inline void transpose4x64(const char *in, Py_ssize_t is,
+                                                                  char *out, Py_ssize_t os,
+                                                                  int stream)
+{
+    __m256i r0 = _mm256_loadu_si256((const __m256i *)in);
+    __m256i r1 = _mm256_loadu_si256((const __m256i *)(in + is));
+    __m256i r2 = _mm256_loadu_si256((const __m256i *)(in + 2 * is));
+    __m256i r3 = _mm256_loadu_si256((const __m256i *)(in + 3 * is));
+    __m256i a0 = _mm256_unpacklo_epi64(r0, r1), a1 = _mm256_unpackhi_epi64(r0, r1);
+    __m256i a2 = _mm256_unpacklo_epi64(r2, r3), a3 = _mm256_unpackhi_epi64(r2, r3);
+    __m256i o0 = _mm256_permute2x128_si256(a0, a2, 0x20);
+    __m256i o1 = _mm256_permute2x128_si256(a1, a3, 0x20);
+    __m256i o2 = _mm256_permute2x128_si256(a0, a2, 0x31);
+    __m256i o3 = _mm256_permute2x128_si256(a1, a3, 0x31);
+    if (stream) {
+        _mm256_stream_si256((__m256i *)out, o0);
+        _mm256_stream_si256((__m256i *)(out + os), o1);
+        _mm256_stream_si256((__m256i *)(out + 2 * os), o2);
+        _mm256_stream_si256((__m256i *)(out + 3 * os), o3);
+    } else {
+        _mm256_storeu_si256((__m256i *)out, o0);
+        _mm256_storeu_si256((__m256i *)(out + os), o1);
+        _mm256_storeu_si256((__m256i *)(out + 2 * os), o2);
+        _mm256_storeu_si256((__m256i *)(out + 3 * os), o3);
+    }
+}
+
+/* One 8x8 tile of one y-row: four register blocks, unrolled (a constant `stream`). */
+__attribute__((target("avx2"))) static inline void tile8x64(const char *s, Py_ssize_t is,
+                                                             char *d, Py_ssize_t os, int stream)
+{
+    transpose4x64(s, is, d, os, stream);
+    transpose4x64(s + 4 * is, is, d + 32, os, stream);
+    transpose4x64(s + 32, is, d + 4 * os, os, stream);
+    transpose4x64(s + 4 * is + 32, is, d + 4 * os + 32, os, stream);
+}
+
+/* A tile cut by the region's edge (`tz` z by `tx` x), element by element. */
+static inline void tile_edge64(const char *s, Py_ssize_t is, char *d, Py_ssize_t os,
+                               Py_ssize_t tz, Py_ssize_t tx)
+{
+    for (Py_ssize_t x = 0; x < tx; x++)
+        for (Py_ssize_t z = 0; z < tz; z++)
+            memcpy(d + x * os + z * 8, s + z * is + x * 8, 8);
+}
+
+/* 64-bit elements with z contiguous in the destination, in 4x4 register blocks read straight
+ * from the chunk and written straight to the result: no staging buffer. Tiles of 8 z by 8 x
+ * with y innermost, as copy_transposed does, each tile's four blocks unrolled (a loop over
+ * them with edge checks inside ran slower than the staged copy). Tiles cut by the region's edge
+ * go element by element. With `stream`, whole aligned 64-byte destination lines (both halves
+ * written by consecutive blocks) use non-temporal stores, as copy_transposed does. Returns
+ * whether any line was streamed. */
+__attribute__((target("avx2"))) static int copy_u64_avx2(const char *src, char *dst,
+                                                          Py_ssize_t nx, Py_ssize_t ny,
+                                                          Py_ssize_t nz, Py_ssize_t nc,
+                                                          Py_ssize_t ssy, Py_ssize_t ssz,
+                                                          Py_ssize_t ssc, const Py_ssize_t *ds,
+                                                          int stream)
+{
+    const Py_ssize_t is = ssz * 8, os = ds[0];
+    int streamed = 0;
+    for (Py_ssize_t c = 0; c < nc; c++)
+        for (Py_ssize_t z0 = 0; z0 < nz; z0 += 8) {
+            Py_ssize_t tz = z0 + 8 < nz ? 8 : nz - z0;
+            for (Py_ssize_t x0 = 0; x0 < nx; x0 += 8) {
+                Py_ssize_t tx = x0 + 8 < nx ? 8 : nx - x0;
+                const char *s = src + (c * ssc + z0 * ssz + x0) * 8;
+                char *d = dst + c * ds[3] + x0 * os + z0 * 8;
+                if (tz < 8 || tx < 8) {
+                    for (Py_ssize_t y = 0; y < ny; y++)
+                        tile_edge64(s + y * ssy * 8, is, d + y * ds[1], os, tz, tx);
+                } else if (stream && (os & 63) == 0 && (ds[1] & 63) == 0 &&
+                           ((uintptr_t)d & 63) == 0) {
+                    for (Py_ssize_t y = 0; y < ny; y++)
+                        tile8x64(s + y * ssy * 8, is, d + y * ds[1], os, 1);
+                    streamed = 1;
+                } else {
+                    for (Py_ssize_t y = 0; y < ny; y++)
+                        tile8x64(s + y * ssy * 8, is, d + y * ds[1], os, 0);
+                }
+            }
+        }
+    return streamed;
+}
+#else
+#define HAVE_AVX2_PATH 0
+#endif
+
 /* The first `rows` rows (`tx` elements each) of `sbuf` transposed into `dbuf` (row x: the
  * column x of those rows) in 16-byte register blocks. */
 static inline void transpose_buffer(uint8_t sbuf[64][64], uint8_t dbuf[64][64], Py_ssize_t rows,
@@ -306,6 +404,12 @@ static inline void copy_transposed(const char *src, char *dst, Py_ssize_t nx, Py
             copy_u64(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds);
         return;
     }
+#if HAVE_AVX2_PATH
+    if (itemsize == 8 && use_avx2) {
+        end_streaming(copy_u64_avx2(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, stream));
+        return;
+    }
+#endif
     const Py_ssize_t edge = 64 / itemsize;
     uint8_t sbuf[64][64], dbuf[64][64];
     memset(sbuf, 0, sizeof sbuf); /* partial tiles transpose values that are never copied out */
@@ -494,7 +598,27 @@ static PyObject *copy_fortran_chunk(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _set_avx2(on) -> bool: whether the AVX2 uint64 path was on; turning it on needs the CPU to
+ * have AVX2. For tests, which check both paths against numpy. */
+static PyObject *set_avx2(PyObject *self, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+#if HAVE_AVX2_PATH
+    int was = use_avx2;
+    use_avx2 = on && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(was);
+#else
+    (void)on;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"_set_avx2", set_avx2, METH_VARARGS,
+     "_set_avx2(on): use the AVX2 uint64 transpose if the CPU has AVX2 (on) or never (off); "
+     "returns whether it was in use."},
     {"copy_fortran_chunk", copy_fortran_chunk, METH_VARARGS,
      "copy_fortran_chunk(src, out, chunk_shape, origin, stream=False): copy a Fortran-ordered "
      "XYZC chunk region into out (any strides), releasing the GIL; stream=True writes whole "
@@ -506,5 +630,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fortran", NULL, -1,
 PyMODINIT_FUNC PyInit__fortran(void)
 {
     import_array();
+#if HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
     return PyModule_Create(&module);
 }
