@@ -230,7 +230,7 @@ static inline void tile_edge64(const char *s, Py_ssize_t is, char *d, Py_ssize_t
  * with y innermost, as copy_transposed does, each tile's four blocks unrolled (a loop over
  * them with edge checks inside ran slower than the staged copy). Tiles cut by the region's edge
  * go element by element. With `stream`, whole aligned 64-byte destination lines (both halves
- * written by consecutive blocks) use non-temporal stores, as copy_transposed does. Returns
+ * written by consecutive blocks) use non-temporal stores, row by row as copy_transposed does. Returns
  * whether any line was streamed. */
 __attribute__((target("avx2"))) static int copy_u64_avx2(const char *src, char *dst,
                                                           Py_ssize_t nx, Py_ssize_t ny,
@@ -251,11 +251,14 @@ __attribute__((target("avx2"))) static int copy_u64_avx2(const char *src, char *
                 if (tz < 8 || tx < 8) {
                     for (Py_ssize_t y = 0; y < ny; y++)
                         tile_edge64(s + y * ssy * 8, is, d + y * ds[1], os, tz, tx);
-                } else if (stream && (os & 63) == 0 && (ds[1] & 63) == 0 &&
-                           ((uintptr_t)d & 63) == 0) {
-                    for (Py_ssize_t y = 0; y < ny; y++)
-                        tile8x64(s + y * ssy * 8, is, d + y * ds[1], os, 1);
-                    streamed = 1;
+                } else if (stream && (os & 63) == 0) {
+                    /* a tile's rows share the alignment of its first; y-rows may not */
+                    for (Py_ssize_t y = 0; y < ny; y++) {
+                        char *row = d + y * ds[1];
+                        int line = ((uintptr_t)row & 63) == 0;
+                        tile8x64(s + y * ssy * 8, is, row, os, line);
+                        streamed |= line;
+                    }
                 } else {
                     for (Py_ssize_t y = 0; y < ny; y++)
                         tile8x64(s + y * ssy * 8, is, d + y * ds[1], os, 0);
