@@ -104,6 +104,68 @@ def test_cells_outside_the_grid_and_failures_of_the_callback(oracle_volume):
         r.for_each_chunk(all_cells(r), fail)
 
 
+@pytest.mark.parametrize("name", ["cseg_u64_c3_unsharded_b357", "shard_u16_c1_mm_gzipraw",
+                                  "missing_chunks_unsharded", "missing_chunks_sharded"])
+def test_callers_that_fill_every_core_read_their_chunks_themselves(oracle_volume, monkeypatch, name):
+    """Local chunks (files or shards): while as many callers as there are cores are reading (a
+    conversion's shard tasks in dask's threads), a call reads, decodes and hands out every chunk
+    in its own thread; alone, it spreads them over the pool. The same chunks either way, and the
+    count of running reads back at 0 after a failure."""
+    vol = oracle_volume(name)
+    r = Volume.open(vol.url).scale(0)
+    cells = all_cells(r)
+    threads: set[str] = set()
+
+    def assemble_noting_threads():
+        take_thread = []
+        original = r.for_each_chunk
+
+        def noting(cells, fn):
+            def wrapped(i, chunk):
+                take_thread.append(threading.current_thread().name)
+                return fn(i, chunk)
+            return original(cells, wrapped)
+
+        r.for_each_chunk = noting
+        try:
+            got = assemble(r, cells)
+        finally:
+            del r.for_each_chunk
+        threads.clear()
+        threads.update(take_thread)
+        return got
+
+    # counts of our own, so that reads other tests left running do not move them
+    monkeypatch.setattr(base_mod, "running_reads", base_mod._RunningReads(cores=1000))
+    alone = assemble_noting_threads()
+    assert threads and threading.current_thread().name not in threads, threads
+    monkeypatch.setattr(base_mod, "running_reads", base_mod._RunningReads(cores=1))
+    crowded = assemble_noting_threads()
+    assert threads == {threading.current_thread().name}
+    np.testing.assert_array_equal(crowded[0], alone[0])
+    assert sorted(crowded[1]) == sorted(alone[1])
+    truth = vol.truth[0]
+    nx, ny, nz = truth.shape[:3]
+    if not alone[1]:
+        np.testing.assert_array_equal(crowded[0][:nx, :ny, :nz], truth)
+    assert base_mod.running_reads.count == 0
+
+    if alone[1]:   # a missing chunk with fill_missing=False fails the call
+        with pytest.raises(MissingChunkError):
+            Volume.open(vol.url, fill_missing=False).scale(0).for_each_chunk(
+                cells, lambda i, chunk: None)
+    else:
+        class Stop(Exception):
+            pass
+
+        def fail(i, chunk):
+            raise Stop(i)
+
+        with pytest.raises(Stop):
+            r.for_each_chunk(cells, fail)
+    assert base_mod.running_reads.count == 0
+
+
 def _grid_volume(tmp_path, **kw):
     data = oracle.make_data((64, 32, 32, 1), "uint8", 3)
     oracle.write_volume(tmp_path / "v", data, chunk_size=(4, 4, 4), **kw)
