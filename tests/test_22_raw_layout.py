@@ -19,7 +19,8 @@ from xarray_precomputed.codecs.raw import copy_fortran_chunk, encode
 
 @contextlib.contextmanager
 def simd(path):
-    """uint64 into z-contiguous destinations has an AVX2 path beside the SSE2 one; each runs
+    """64- and 32-bit elements into z-contiguous destinations have AVX2 paths beside the SSE2
+    ones; each runs
     here whatever the other would be chosen (on a CPU without AVX2, "avx2" runs SSE2 again:
     test_avx2_path_is_on_where_the_cpu_has_it says which)."""
     was = _fortran._set_avx2(path == "avx2")
@@ -140,15 +141,16 @@ def test_z_contiguous_tiles_match_numpy(path, shape, stream, zpad, dtype, data):
 @pytest.mark.parametrize("path", ["avx2", "sse2"])
 @settings(max_examples=100, deadline=None)
 @given(shape=st.tuples(st.integers(1, 40), st.integers(1, 5), st.integers(1, 40)),
-       nc=st.integers(2, 3), stream=st.booleans(), data=st.data())
-def test_z_contiguous_channel_planes_match_numpy(path, shape, nc, stream, data):
-    """z contiguous, each channel a plane of its own (a (C, X, Y, Z) array seen as XYZC), uint64:
-    the single-channel tiles once per channel, nothing written between the planes."""
+       nc=st.integers(2, 3), stream=st.booleans(), dtype=st.sampled_from([np.uint32, np.uint64]),
+       data=st.data())
+def test_z_contiguous_channel_planes_match_numpy(path, shape, nc, stream, dtype, data):
+    """z contiguous, each channel a plane of its own (a (C, X, Y, Z) array seen as XYZC), 32- and
+    64-bit: the single-channel tiles once per channel, nothing written between the planes."""
     rng = np.random.default_rng(sum(shape) + nc)
-    chunk = rng.integers(0, 2**64, (*shape, nc), dtype=np.uint64, endpoint=False)
+    chunk = rng.integers(0, np.iinfo(dtype).max, (*shape, nc), dtype=dtype, endpoint=True)
     origin = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
     extent = tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, origin))
-    big = np.zeros((nc, extent[0], extent[1], extent[2] + 3), np.uint64)
+    big = np.zeros((nc, extent[0], extent[1], extent[2] + 3), dtype)
     view = big[..., :extent[2]].transpose(1, 2, 3, 0)
     with simd(path):
         copy_fortran_chunk(chunk.tobytes(order="F"), view, shape, origin, stream)
