@@ -252,43 +252,64 @@ __attribute__((target("avx2"))) static inline void transpose8x32(const char *in,
     }
 }
 
-/* 32-bit elements as copy_u64_avx2 below, in one 8x8 register block per tile and y-row; no
- * streaming stores (a block writes half lines), so streamed copies keep the staged path. A
- * uint32 128x128x32 chunk out of cache into a C-ordered block of its size: 0.66 ms against the
- * staged copy's 0.97 (into a 128^3 block 0.74 against 1.02), 91 against 152 us per MiB within
- * L2 (session 14, standalone C benchmark). */
-__attribute__((target("avx2"))) static void copy_u32_avx2(const char *src, char *dst,
-                                                          Py_ssize_t nx, Py_ssize_t ny,
-                                                          Py_ssize_t nz, Py_ssize_t nc,
-                                                          Py_ssize_t ssy, Py_ssize_t ssz,
-                                                          Py_ssize_t ssc, const Py_ssize_t *ds)
+/* One y-row of an 8x8 tile: four 4x4 blocks of 64-bit values, or one 8x8 block of 32-bit ones
+ * (which writes half lines, so never streamed). */
+__attribute__((target("avx2"))) static inline void tile8(const char *s, Py_ssize_t is, char *d,
+                                                          Py_ssize_t os, int itemsize, int stream)
 {
-    const Py_ssize_t is = ssz * 4, os = ds[0];
+    if (itemsize == 8)
+        tile8x64(s, is, d, os, stream);
+    else
+        transpose8x32(s, is, d, os);
+}
+
+/* 64- and 32-bit elements with z contiguous in the destination, in AVX2 register blocks read
+ * straight from the chunk and written straight to the result: no staging buffer. Tiles of 8 z
+ * by 8 x with y innermost, as copy_transposed does, each tile's blocks unrolled (a loop over
+ * them with edge checks inside ran slower than the staged copy). Tiles cut by the region's edge
+ * go element by element. With `stream` (64-bit only), whole aligned 64-byte destination lines
+ * (both halves written by consecutive blocks) use non-temporal stores, row by row as
+ * copy_transposed does. Returns whether any line was streamed. Measured in session 14 against
+ * the staged copy (standalone C benchmark, out of cache, sixteen chunks in turn): a uint64
+ * 128x128x32 chunk into a C-ordered block of its size 0.75-0.92 ms instead of 1.38-1.45, into a
+ * 128^3 block 0.92-1.01 instead of 1.45-1.57, within L2 64 instead of 114 us per MiB; uint32
+ * 0.66 against 0.97 ms, into a 128^3 block 0.74 against 1.02, within L2 91 against 152. */
+__attribute__((target("avx2"), always_inline)) static inline int
+copy_avx2(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz, Py_ssize_t nc,
+          Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc, const Py_ssize_t *ds, int itemsize,
+          int stream)
+{
+    const Py_ssize_t is = ssz * itemsize, os = ds[0];
+    int streamed = 0;
     for (Py_ssize_t c = 0; c < nc; c++)
         for (Py_ssize_t z0 = 0; z0 < nz; z0 += 8) {
             Py_ssize_t tz = z0 + 8 < nz ? 8 : nz - z0;
             for (Py_ssize_t x0 = 0; x0 < nx; x0 += 8) {
                 Py_ssize_t tx = x0 + 8 < nx ? 8 : nx - x0;
-                const char *s = src + (c * ssc + z0 * ssz + x0) * 4;
-                char *d = dst + c * ds[3] + x0 * os + z0 * 4;
+                const char *s = src + (c * ssc + z0 * ssz + x0) * itemsize;
+                char *d = dst + c * ds[3] + x0 * os + z0 * itemsize;
                 if (tz < 8 || tx < 8) {
                     for (Py_ssize_t y = 0; y < ny; y++)
-                        tile_edge(s + y * ssy * 4, is, d + y * ds[1], os, tz, tx, 4);
+                        tile_edge(s + y * ssy * itemsize, is, d + y * ds[1], os, tz, tx,
+                                  itemsize);
+                } else if (itemsize == 8 && stream && (os & 63) == 0) {
+                    /* a tile's rows share the alignment of its first; y-rows may not */
+                    for (Py_ssize_t y = 0; y < ny; y++) {
+                        char *row = d + y * ds[1];
+                        int line = ((uintptr_t)row & 63) == 0;
+                        tile8(s + y * ssy * itemsize, is, row, os, itemsize, line);
+                        streamed |= line;
+                    }
                 } else {
                     for (Py_ssize_t y = 0; y < ny; y++)
-                        transpose8x32(s + y * ssy * 4, is, d + y * ds[1], os);
+                        tile8(s + y * ssy * itemsize, is, d + y * ds[1], os, itemsize, 0);
                 }
             }
         }
+    return streamed;
 }
 
-/* 64-bit elements with z contiguous in the destination, in 4x4 register blocks read straight
- * from the chunk and written straight to the result: no staging buffer. Tiles of 8 z by 8 x
- * with y innermost, as copy_transposed does, each tile's four blocks unrolled (a loop over
- * them with edge checks inside ran slower than the staged copy). Tiles cut by the region's edge
- * go element by element. With `stream`, whole aligned 64-byte destination lines (both halves
- * written by consecutive blocks) use non-temporal stores, row by row as copy_transposed does. Returns
- * whether any line was streamed. */
+/* Each element size compiled on its own (a constant `itemsize` through copy_avx2). */
 __attribute__((target("avx2"))) static int copy_u64_avx2(const char *src, char *dst,
                                                           Py_ssize_t nx, Py_ssize_t ny,
                                                           Py_ssize_t nz, Py_ssize_t nc,
@@ -296,33 +317,16 @@ __attribute__((target("avx2"))) static int copy_u64_avx2(const char *src, char *
                                                           Py_ssize_t ssc, const Py_ssize_t *ds,
                                                           int stream)
 {
-    const Py_ssize_t is = ssz * 8, os = ds[0];
-    int streamed = 0;
-    for (Py_ssize_t c = 0; c < nc; c++)
-        for (Py_ssize_t z0 = 0; z0 < nz; z0 += 8) {
-            Py_ssize_t tz = z0 + 8 < nz ? 8 : nz - z0;
-            for (Py_ssize_t x0 = 0; x0 < nx; x0 += 8) {
-                Py_ssize_t tx = x0 + 8 < nx ? 8 : nx - x0;
-                const char *s = src + (c * ssc + z0 * ssz + x0) * 8;
-                char *d = dst + c * ds[3] + x0 * os + z0 * 8;
-                if (tz < 8 || tx < 8) {
-                    for (Py_ssize_t y = 0; y < ny; y++)
-                        tile_edge(s + y * ssy * 8, is, d + y * ds[1], os, tz, tx, 8);
-                } else if (stream && (os & 63) == 0) {
-                    /* a tile's rows share the alignment of its first; y-rows may not */
-                    for (Py_ssize_t y = 0; y < ny; y++) {
-                        char *row = d + y * ds[1];
-                        int line = ((uintptr_t)row & 63) == 0;
-                        tile8x64(s + y * ssy * 8, is, row, os, line);
-                        streamed |= line;
-                    }
-                } else {
-                    for (Py_ssize_t y = 0; y < ny; y++)
-                        tile8x64(s + y * ssy * 8, is, d + y * ds[1], os, 0);
-                }
-            }
-        }
-    return streamed;
+    return copy_avx2(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, 8, stream);
+}
+
+__attribute__((target("avx2"))) static void copy_u32_avx2(const char *src, char *dst,
+                                                          Py_ssize_t nx, Py_ssize_t ny,
+                                                          Py_ssize_t nz, Py_ssize_t nc,
+                                                          Py_ssize_t ssy, Py_ssize_t ssz,
+                                                          Py_ssize_t ssc, const Py_ssize_t *ds)
+{
+    copy_avx2(src, dst, nx, ny, nz, nc, ssy, ssz, ssc, ds, 4, 0);
 }
 #else
 #define HAVE_AVX2_PATH 0
