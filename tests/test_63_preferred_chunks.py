@@ -203,6 +203,9 @@ def test_blocks_follow_dask_target_under_a_distributed_client(volume, unboxed, m
     assert _open(path).data.chunksize == (*CHUNK, 2)
 
 
+# its in-process clusters serve HTTP on 8787 if they can: beside another test's cluster
+# (pytest-xdist) distributed says so and takes another port
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
 def test_scheduler_settings_without_a_usable_client_open_with_local_blocks(volume, monkeypatch):
     """The scheduler is read without dask's get_scheduler(), which raises for an asynchronous
     client or a distributed setting with no client: opening never fails for it, and keeps the
