@@ -463,6 +463,18 @@ def bounded_map(pool, fn, items, *, window: int) -> None:
         settle(list(pending))
 
 
+def map_reads(fn, items, *, window: int) -> None:
+    """`fn(item)` for every item, as one read: in the calling thread while every core already has
+    a read running (dask's threads, a conversion's shard tasks: see _RunningReads), otherwise on
+    the decode pool through `bounded_map`."""
+    with running_reads.running() as crowded:
+        if crowded:
+            for item in items:
+                fn(item)
+        else:
+            bounded_map(cpu_pool(), fn, items, window=window)
+
+
 def dest_index(job) -> tuple:
     """Where one grid cell's voxels go in the result: slices, or an open mesh of indices."""
     if all(isinstance(p.dest, slice) for p in job):

@@ -23,14 +23,13 @@ from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
 from ..util import cpu_pool
-from . import base as reader_base
 from .base import (
     REMOTE_BATCH_BYTES,
     REMOTE_IN_FLIGHT,
     ChunkedScaleReader,
     Fetched,
     Lazy,
-    bounded_map,
+    map_reads,
     pipeline,
 )
 from .missing import record_filled
@@ -350,13 +349,7 @@ class ScaleReader(ChunkedScaleReader):
             # threads), each reads and decodes its chunks in its own thread, as Scale.read's
             # reads do: four pool threads beside two busy callers on 2 cores made em-x4's
             # conversion 15% slower, its CPU 19% higher (GIL hand-offs between them)
-            with reader_base.running_reads.running() as crowded:
-                if crowded:
-                    for i in range(len(cells)):
-                        one(i)
-                else:
-                    bounded_map(cpu_pool(), one, range(len(cells)),
-                                window=LOCAL_CHUNK_BATCHES * cpu_pool()._max_workers)
+            map_reads(one, range(len(cells)), window=LOCAL_CHUNK_BATCHES * cpu_pool()._max_workers)
             return
         if not self.store.batches_reads:
             # Local shards: each task reads a batch and decodes it in the same thread (a hop
@@ -365,13 +358,7 @@ class ScaleReader(ChunkedScaleReader):
             def read_and_decode(batch) -> None:
                 decode(fetch(batch))
 
-            with reader_base.running_reads.running() as crowded:
-                if crowded:
-                    for batch in batches:
-                        read_and_decode(batch)
-                else:
-                    bounded_map(cpu_pool(), read_and_decode, batches,
-                                window=cpu_pool()._max_workers + 1)
+            map_reads(read_and_decode, batches, window=cpu_pool()._max_workers + 1)
             return
         in_flight = REMOTE_IN_FLIGHT
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
