@@ -11,7 +11,7 @@ import numpy as np
 from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Volume
-from xarray_precomputed.reading.result_memory import OFFSET, ResultMemory
+from xarray_precomputed.reading.result_memory import OFFSET, SCAN, ResultMemory
 
 SHAPE = (64, 64, 64, 1)   # 256 KiB of uint8
 
@@ -46,6 +46,32 @@ def test_small_results_and_the_bound_fall_back_to_numpy():
     del held
     other = pool.empty((128, 64, 64, 1), np.uint8)
     assert pool.held_bytes <= 4 * per and other.base is not None
+
+
+def test_a_full_pool_finds_its_one_free_buffer_within_a_sweep():
+    """Each request checks only a few buffers, starting past the last one checked: a buffer let
+    go anywhere in a full pool is handed out again within one sweep of the pool, and until then
+    requests get numpy's memory, never a live buffer."""
+    one = ResultMemory()
+    one.empty(SHAPE, np.uint8)
+    n = 5 * SCAN + 3
+    pool = ResultMemory(max_bytes=n * one.held_bytes)
+    held = [pool.empty(SHAPE, np.uint8) for _ in range(n)]
+    assert pool.created == n
+    for k, gone in enumerate((n - 2, 1, 3 * SCAN)):
+        held[gone][...] = 0
+        freed = held[gone].ctypes.data
+        held[gone] = None
+        got = []
+        for _ in range(-(-n // SCAN) + 1):
+            a = pool.empty(SHAPE, np.uint8)
+            got.append(a)
+            if a.ctypes.data == freed:
+                break
+        assert got[-1].ctypes.data == freed and pool.reused == k + 1
+        assert all(g.base is None for g in got[:-1])   # numpy's, not a pool buffer in use
+        held[gone] = got[-1]
+    assert pool.created == n
 
 
 def test_threads_never_share_a_live_buffer():
