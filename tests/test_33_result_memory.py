@@ -58,6 +58,7 @@ def test_a_full_pool_finds_its_one_free_buffer_within_a_sweep():
     pool = ResultMemory(max_bytes=n * one.held_bytes)
     held = [pool.empty(SHAPE, np.uint8) for _ in range(n)]
     assert pool.created == n
+    tries = []
     for k, gone in enumerate((n - 2, 1, 3 * SCAN)):
         held[gone][...] = 0
         freed = held[gone].ctypes.data
@@ -71,7 +72,31 @@ def test_a_full_pool_finds_its_one_free_buffer_within_a_sweep():
         assert got[-1].ctypes.data == freed and pool.reused == k + 1
         assert all(g.base is None for g in got[:-1])   # numpy's, not a pool buffer in use
         held[gone] = got[-1]
+        tries.append(len(got))
     assert pool.created == n
+    assert max(tries) > 1   # a request does not look through the whole pool
+
+
+def test_a_free_buffer_of_the_size_is_found_before_other_sizes_are_unmapped():
+    """With the pool full, a request looks at every buffer of its size before unmapping
+    another size's free buffer (which a later request of that size would want back)."""
+    one = ResultMemory()
+    one.empty(SHAPE, np.uint8)
+    per = one.held_bytes
+    other_shape = (128, 64, 64, 1)
+    two = ResultMemory()
+    two.empty(other_shape, np.uint8)
+    n = 5 * SCAN + 3
+    pool = ResultMemory(max_bytes=n * per + two.held_bytes)
+    pool.empty(other_shape, np.uint8)   # mapped, then free
+    held = [pool.empty(SHAPE, np.uint8) for _ in range(n)]
+    assert pool.created == n + 1 and pool.held_bytes == pool.max_bytes
+    gone = (pool._next.get(per, 0) + SCAN + 1) % n   # outside the next request's first look
+    freed = held[gone].ctypes.data
+    held[gone] = None
+    a = pool.empty(SHAPE, np.uint8)
+    assert a.ctypes.data == freed and pool.reused == 1
+    assert pool.created == n + 1 and pool.held_bytes == pool.max_bytes   # nothing unmapped
 
 
 def test_threads_never_share_a_live_buffer():

@@ -333,15 +333,27 @@ def test_backend_array_out_of_range_is_bounds_error(volumes):
     np.testing.assert_array_equal(arr[key], truth[0][np.ix_([3, 36], range(1, 20, 4))][:, :, 7][..., [0, 2]])
     key = indexing.BasicIndexer((slice(None), 4, slice(None, None, -2), 1))
     np.testing.assert_array_equal(arr[key], truth[0][:, 4, ::-2, 1])
+
     # step-1 boxes (what dask's tasks ask for) are read without xarray's key decomposition:
-    # negative and open bounds, past-the-end stops, empty slices and any channel item
-    for box in ((slice(-5, None), slice(None, -3), slice(2, 9, 1), slice(None)),
-                (slice(3, 3), slice(0, 100), slice(None), 2),
-                (slice(30, 10), slice(5, 6), slice(-1, None), slice(None, None, -1)),
-                (slice(0, SHAPE[0]), slice(0, SHAPE[1]), slice(0, SHAPE[2]), slice(1, 3))):
-        got = arr[indexing.BasicIndexer(box)]
-        np.testing.assert_array_equal(got, truth[0][box])
-        assert got.shape == truth[0][box].shape
+    # negative and open bounds, past-the-end stops, empty slices, numpy integers, channel items
+    def no_decomposition(*args, **kwargs):
+        raise AssertionError("a step-1 box went through xarray's key decomposition")
+
+    boxes = ((slice(-5, None), slice(None, -3), slice(2, 9, 1), slice(None)),
+             (slice(3, 3), slice(0, 100), slice(None), 2),
+             (slice(30, 10), slice(5, 6), slice(-1, None), slice(None, None, -1)),
+             (slice(0, SHAPE[0]), slice(0, SHAPE[1]), slice(0, SHAPE[2]), slice(1, 3)),
+             (slice(np.int64(3), np.int32(30)), slice(np.uint8(2), None), slice(4, 5), -1),
+             (slice(1, 2), slice(None), slice(None, 7), slice(None, None, 2)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexing, "explicit_indexing_adapter", no_decomposition)
+        for box in boxes:
+            got = arr[indexing.BasicIndexer(box)]
+            np.testing.assert_array_equal(got, truth[0][box])
+            assert got.shape == truth[0][box].shape
+        # other keys still go through xarray
+        with pytest.raises(AssertionError, match="decomposition"):
+            arr[indexing.BasicIndexer((slice(None, None, 2), slice(None), slice(None), 0))]
     with pytest.raises(BoundsError) as ei:
         arr[indexing.OuterIndexer((np.array([0, 37]), slice(None), slice(None), slice(None)))]
     assert isinstance(ei.value, IndexError) and isinstance(ei.value, PrecomputedError)
