@@ -389,3 +389,46 @@ def test_reads_that_fill_every_core_decode_in_their_own_thread(volumes, monkeypa
     finally:
         moved.rename(first)
     assert base.running_reads.count == 0
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_a_lone_read_reads_as_many_chunks_at_once_as_there_are_cores(volumes, monkeypatch, cores):
+    """A read of many chunk files runs as many of them at once as there are cores, not as many
+    as the pool has threads (twice the cores, for reads that wait on a disk or a network); the
+    same voxels, and a failure still raised with the count of running reads back at 0."""
+    import time
+
+    from xarray_precomputed.errors import MissingChunkError
+    from xarray_precomputed.reading import base, volume
+
+    root, truth = volumes
+    name = "raw_f32_unsharded"
+    monkeypatch.setattr(base, "running_reads", base._RunningReads(cores=cores))
+    lock, now, most = threading.Lock(), [0], [0]
+    decode = volume.ScaleReader._decode
+
+    def slow(self, *args, **kw):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.002)   # long enough for every running task to overlap
+        try:
+            return decode(self, *args, **kw)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(volume.ScaleReader, "_decode", slow)
+    assert util.cpu_pool()._max_workers > cores
+    np.testing.assert_array_equal(Volume.open(str(root / name)).scale(0).read(), truth[name])
+    assert most[0] == cores
+
+    first = next(p for p in sorted((root / name).rglob("*")) if p.is_file() and p.name != "info")
+    moved = first.with_name(first.name + ".away")
+    first.rename(moved)
+    try:
+        with pytest.raises(MissingChunkError):
+            Volume.open(str(root / name), fill_missing=False).scale(0).read()
+    finally:
+        moved.rename(first)
+    assert base.running_reads.count == 0

@@ -389,7 +389,24 @@ class ChunkedScaleReader(ABC):
         # and decodes its group; otherwise (a read inside one or two shards) the chunks of a
         # group decode in parallel.
         if len(groups) >= pool._max_workers or all(len(m) == 1 for _, m in groups):
-            wait_all([pool.submit(fetch_decoding, g, m) for g, m in groups])
+            # As many groups at once as there are cores, each pool task taking the next group
+            # until none is left: the pool has twice as many threads (for the reads that wait on
+            # a disk or a network), and four threads at once on two cores, reading chunk files
+            # into a fresh result, slowed the whole read by 10-35% (R's `.values`).
+            todo = iter(groups)
+            failed: list[bool] = []
+
+            def drain() -> None:
+                for group, members in todo:
+                    if failed:
+                        return
+                    try:
+                        fetch_decoding(group, members)
+                    except BaseException:
+                        failed.append(True)
+                        raise
+
+            wait_all([pool.submit(drain) for _ in range(min(len(groups), running_reads.cores))])
             return
         tasks = [pool.submit(fetch, g, m) for g, m in groups]
         decodes: list[Future] = []

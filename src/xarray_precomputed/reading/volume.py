@@ -31,6 +31,7 @@ from .base import (
     Lazy,
     map_reads,
     pipeline,
+    running_reads,
 )
 from .missing import record_filled
 from .shard_reader import ShardReader, group_by_shard
@@ -40,9 +41,6 @@ from .shard_reader import ShardReader, group_by_shard
 # size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
 WHOLE_SHARD_MAX_BYTES = 256 << 20
 
-# Tasks per decode thread a local unsharded `for_each_chunk` keeps submitted (remote reads keep
-# as many batches in flight as a remote read does).
-LOCAL_CHUNK_BATCHES = 2
 _chunk_buffers = threading.local()
 
 
@@ -348,17 +346,19 @@ class ScaleReader(ChunkedScaleReader):
             # where every core has a caller already (a conversion's shard tasks in dask's
             # threads), each reads and decodes its chunks in its own thread, as Scale.read's
             # reads do: four pool threads beside two busy callers on 2 cores made em-x4's
-            # conversion 15% slower, its CPU 19% higher (GIL hand-offs between them)
-            map_reads(one, range(len(cells)), window=LOCAL_CHUNK_BATCHES * cpu_pool()._max_workers)
+            # conversion 15% slower, its CPU 19% higher (GIL hand-offs between them). Otherwise
+            # as many at once as there are cores, as for Scale.read's many chunks.
+            map_reads(one, range(len(cells)), window=running_reads.cores)
             return
         if not self.store.batches_reads:
             # Local shards: each task reads a batch and decodes it in the same thread (a hop
-            # to another thread per chunk cost ~7% of the CPU of converting seg), at most one
-            # batch per decode thread and one more being read.
+            # to another thread per chunk cost ~7% of the CPU of converting seg), as many batches
+            # at once as there are cores (one per decode thread and one more, with the pool's
+            # twice-the-cores threads, was 3-9% slower on em-x4, seg and em).
             def read_and_decode(batch) -> None:
                 decode(fetch(batch))
 
-            map_reads(read_and_decode, batches, window=cpu_pool()._max_workers + 1)
+            map_reads(read_and_decode, batches, window=running_reads.cores)
             return
         in_flight = REMOTE_IN_FLIGHT
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
