@@ -342,6 +342,23 @@ def test_settle_does_not_wait_for_cancelled_tasks_to_reach_a_thread():
     assert returned and all(f.cancelled() for f in queued)
 
 
+
+def _a_missing_chunk_fails_and_leaves_no_read_running(path) -> None:
+    """With one chunk file moved away, a read with fill_missing=False raises MissingChunkError,
+    and the count of running reads is back at 0 afterwards."""
+    from xarray_precomputed.errors import MissingChunkError
+    from xarray_precomputed.reading import base
+
+    first = next(p for p in sorted(path.rglob("*")) if p.is_file() and p.name != "info")
+    moved = first.with_name(first.name + ".away")
+    first.rename(moved)
+    try:
+        with pytest.raises(MissingChunkError):
+            Volume.open(str(path), fill_missing=False).scale(0).read()
+    finally:
+        moved.rename(first)
+    assert base.running_reads.count == 0
+
 def _decoding_threads(monkeypatch):
     """The names of the threads that decoded chunks, as they decode."""
     from xarray_precomputed.reading import volume
@@ -362,7 +379,6 @@ def test_reads_that_fill_every_core_decode_in_their_own_thread(volumes, monkeypa
     """A read decodes in its calling thread while as many reads as there are cores run (dask's
     threads, a block each), and spreads over the pool when it runs alone; the same voxels, and
     the count of running reads back at 0 after a failed read."""
-    from xarray_precomputed.errors import MissingChunkError
     from xarray_precomputed.reading import base
 
     root, truth = volumes
@@ -380,15 +396,7 @@ def test_reads_that_fill_every_core_decode_in_their_own_thread(volumes, monkeypa
     assert names and set(names) == {threading.current_thread().name}
     assert base.running_reads.count == 0
 
-    first = next(p for p in sorted((root / name).rglob("*")) if p.is_file() and p.name != "info")
-    moved = first.with_name(first.name + ".away")
-    first.rename(moved)
-    try:
-        with pytest.raises(MissingChunkError):
-            Volume.open(str(root / name), fill_missing=False).scale(0).read()
-    finally:
-        moved.rename(first)
-    assert base.running_reads.count == 0
+    _a_missing_chunk_fails_and_leaves_no_read_running(root / name)
 
 
 @pytest.mark.parametrize("cores", [2, 3])
@@ -398,7 +406,6 @@ def test_a_lone_read_reads_as_many_chunks_at_once_as_there_are_cores(volumes, mo
     same voxels, and a failure still raised with the count of running reads back at 0."""
     import time
 
-    from xarray_precomputed.errors import MissingChunkError
     from xarray_precomputed.reading import base, volume
 
     root, truth = volumes
@@ -423,12 +430,4 @@ def test_a_lone_read_reads_as_many_chunks_at_once_as_there_are_cores(volumes, mo
     np.testing.assert_array_equal(Volume.open(str(root / name)).scale(0).read(), truth[name])
     assert most[0] == cores
 
-    first = next(p for p in sorted((root / name).rglob("*")) if p.is_file() and p.name != "info")
-    moved = first.with_name(first.name + ".away")
-    first.rename(moved)
-    try:
-        with pytest.raises(MissingChunkError):
-            Volume.open(str(root / name), fill_missing=False).scale(0).read()
-    finally:
-        moved.rename(first)
-    assert base.running_reads.count == 0
+    _a_missing_chunk_fails_and_leaves_no_read_running(root / name)
