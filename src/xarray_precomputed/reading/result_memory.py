@@ -82,19 +82,16 @@ class ResultMemory:
             same = self._buffers.setdefault(size, [])
             start = self._next.get(size, 0)
             i = _first_free(same, start, SCAN)
+            full = self._held + size > self.max_bytes
+            if i is None and full and len(self._buffers) > 1:
+                # other sizes' free memory goes only if none of this size is free anywhere
+                i = _first_free(same)
             if i is not None:
                 self._next[size] = i + 1
                 self.reused += 1
                 return same[i]
             self._next[size] = (start + SCAN) % max(1, len(same))   # the next request: the next few
-            if self._held + size > self.max_bytes:
-                if len(self._buffers) > 1:
-                    # other sizes' free memory goes only if none of this size is free anywhere
-                    i = _first_free(same)
-                    if i is not None:
-                        self._next[size] = i + 1
-                        self.reused += 1
-                        return same[i]
+            if full:
                 self._evict(self._held + size - self.max_bytes, keep=size)
                 if self._held + size > self.max_bytes:
                     return None
