@@ -20,8 +20,9 @@ import oracle
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.info import ShardingSpec
-from xarray_precomputed.format.morton import compressed_morton, morton_bits
+from xarray_precomputed.format.morton import FEW_CELLS, compressed_morton, morton_bits
 from xarray_precomputed.format.sharding import chunk_location, hash_ids, shard_filename
+from xarray_precomputed.reading.shard_reader import group_by_shard
 
 
 def spec(hash="identity", preshift=0, minishard=0, shard=0, **kw) -> ShardingSpec:
@@ -34,8 +35,17 @@ def grid_of(size, chunk):
     return tuple(-(-s // c) for s, c in zip(size, chunk))
 
 
-def morton1(cell, grid) -> int:
-    return int(compressed_morton(np.array([cell], dtype=np.int64), grid)[0])
+@pytest.fixture(params=["few", "many"])
+def morton1(request):
+    """One cell's code, computed alone (the Python-int path for a few cells) or among more cells
+    than FEW_CELLS (the numpy path): every vector below goes through both."""
+    copies = 1 if request.param == "few" else FEW_CELLS + 1
+
+    def code(cell, grid) -> int:
+        got = compressed_morton(np.array([cell] * copies, dtype=np.int64), grid)
+        assert got.dtype == np.uint64 and len(set(got.tolist())) == 1
+        return int(got[0])
+    return code
 
 
 def spec_morton(cell, grid) -> int:
@@ -78,16 +88,18 @@ TS_VECTORS = [((0, 0, 0), 0), ((1, 0, 0), 1), ((0, 1, 0), 2), ((2, 0, 1), 0b1100
 
 
 @pytest.mark.parametrize("cell, code", TS_VECTORS)
-def test_morton_tensorstore_vectors(cell, code):
+def test_morton_tensorstore_vectors(morton1, cell, code):
     grid = (16, 4, 2)   # bits {4, 2, 1}
     assert morton1(cell, grid) == code
 
 
-def test_morton_vectorised_batch_and_dtype():
-    cells = np.array([c for c, _ in TS_VECTORS], dtype=np.int64)
+@pytest.mark.parametrize("repeat", [1, 2, 3])   # 6, 12 and 18 cells: both sides of FEW_CELLS
+def test_morton_vectorised_batch_and_dtype(repeat):
+    cells = np.array([c for c, _ in TS_VECTORS] * repeat, dtype=np.int64)
     got = compressed_morton(cells, (16, 4, 2))
     assert got.dtype == np.uint64
-    assert got.tolist() == [c for _, c in TS_VECTORS]
+    assert got.tolist() == [c for _, c in TS_VECTORS] * repeat
+    assert compressed_morton(np.zeros((0, 3), np.int64), (16, 4, 2)).dtype == np.uint64
 
 
 NG_VECTORS = [
@@ -101,11 +113,11 @@ NG_VECTORS = [
 
 
 @pytest.mark.parametrize("grid, cell, code", NG_VECTORS)
-def test_morton_neuroglancer_vectors(grid, cell, code):
+def test_morton_neuroglancer_vectors(morton1, grid, cell, code):
     assert morton1(cell, grid) == code
 
 
-def test_morton_full_64_bits():
+def test_morton_full_64_bits(morton1):
     grid = (2**22, 2**21, 2**21)    # 64 bits in all
     cell = (2**22 - 1, 2**21 - 1, 2**21 - 1)
     assert morton1(cell, grid) == 2**64 - 1
@@ -116,9 +128,22 @@ def test_morton_full_64_bits():
 @given(st.data())
 def test_morton_matches_spec_algorithm(data):
     grid = tuple(data.draw(st.integers(1, 2**20), label=f"g{i}") for i in range(3))
-    cells = [tuple(data.draw(st.integers(0, g - 1)) for g in grid) for _ in range(4)]
+    n = data.draw(st.integers(1, 2 * FEW_CELLS + 2), label="cells")
+    cells = [tuple(data.draw(st.integers(0, g - 1)) for g in grid) for _ in range(n)]
     got = compressed_morton(np.array(cells, dtype=np.int64), grid).tolist()
     assert got == [spec_morton(c, grid) for c in cells]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), min_size=1, max_size=12))
+def test_group_by_shard_lists_each_value_with_its_positions(values):
+    # one value takes a path of its own (no numpy unique); both must give the same groups
+    arr = np.array(values, dtype=np.uint64)
+    want = {v: [i for i, w in enumerate(values) if w == v] for v in sorted(set(values))}
+    got = list(group_by_shard(arr))
+    assert [v for v, _ in got] == list(want) and all(type(v) is int for v, _ in got)
+    assert [pos.tolist() for _, pos in got] == list(want.values())
+    assert all(pos.dtype == np.intp for _, pos in got)
 
 
 def test_morton_is_bijective_on_small_grid():
@@ -179,7 +204,7 @@ BIG_VECTORS = [((0, 0, 0), 0, "22b9.shard", 1), ((1, 0, 0), 1, "533a.shard", 26)
 
 
 @pytest.mark.parametrize("cell, cid, fname, minishard", BIG_VECTORS)
-def test_end_to_end_big_murmurhash(cell, cid, fname, minishard):
+def test_end_to_end_big_murmurhash(morton1, cell, cid, fname, minishard):
     s = spec(**BIG_SPEC)
     assert morton1(cell, BIG_GRID) == cid
     shard, mini = chunk_location(np.array([cid], dtype=np.uint64), s)
@@ -208,7 +233,7 @@ SMALL_MURMUR = [((0, 0, 0), 0, (0, 1)), ((2, 0, 0), 8, (3, 0)), ((4, 0, 0), 64, 
 
 @pytest.mark.parametrize("hash_, vectors", [("identity", SMALL_IDENTITY),
                                             ("murmurhash3_x86_128", SMALL_MURMUR)])
-def test_end_to_end_small(hash_, vectors):
+def test_end_to_end_small(morton1, hash_, vectors):
     s = spec(hash_, preshift=1, minishard=2, shard=2)
     assert tuple(morton_bits(SMALL_GRID)) == (3, 2, 2)
     for cell, cid, (sh, mini) in vectors:
@@ -281,7 +306,7 @@ def _trace_volume(root, minishard_index_pad: int = 0):
     return blob
 
 
-def test_byte_trace_addressing():
+def test_byte_trace_addressing(morton1):
     s = ShardingSpec.from_json(TRACE_SHARDING)
     assert morton1(TRACE_CELL, (8, 8, 2)) == 0x50
     shard, mini = chunk_location(np.array([0x50], dtype=np.uint64), s)

@@ -274,8 +274,7 @@ class ShardReader:
         indices; a range no chunk of this scale could fill is refused here, before any fetch."""
         want: list[int] = []
         ranges: list[tuple[int, int]] = []
-        for m in np.unique(minishards).tolist():
-            sel = np.nonzero(minishards == m)[0]
+        for m, sel in group_by_shard(minishards):
             found, starts, ends = indices[m].lookup(chunk_ids[sel])
             for j in np.nonzero(found)[0].tolist():
                 s, e = int(starts[j]), int(ends[j])
@@ -311,5 +310,12 @@ def forget_cached_indices() -> None:
 
 
 def group_by_shard(shards: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+    """Each distinct value of `shards` (shard or minishard numbers), ascending, with the
+    positions that hold it."""
+    if len(shards) == 1:
+        # A read of one chunk (every dask task on storage chunks) asks this twice or more; numpy's
+        # unique and nonzero cost ~10 us each time for what is known here.
+        yield int(shards[0]), np.zeros(1, np.intp)
+        return
     for s in np.unique(shards).tolist():
         yield int(s), np.nonzero(shards == s)[0]
