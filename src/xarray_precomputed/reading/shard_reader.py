@@ -224,8 +224,7 @@ class ShardReader:
         """The stored (data_encoding-decoded) bytes of each chunk id in one shard; None = absent.
         `describe(i)` names chunk i in errors."""
         out: list[bytes | None] = [None] * len(chunk_ids)
-        wanted = np.unique(minishards).tolist()
-        indices = self.minishard_indices(shard, wanted)
+        indices = self.minishard_indices(shard, minishards.tolist())
         if indices is None:
             return out
         want, ranges = self._locate(indices, chunk_ids, minishards, describe)
