@@ -22,7 +22,7 @@ from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.info import ShardingSpec
 from xarray_precomputed.format.morton import FEW_CELLS, compressed_morton, morton_bits
 from xarray_precomputed.format.sharding import chunk_location, hash_ids, shard_filename
-from xarray_precomputed.reading.shard_reader import group_by_shard
+from xarray_precomputed.reading.shard_reader import positions_by_value
 
 
 def spec(hash="identity", preshift=0, minishard=0, shard=0, **kw) -> ShardingSpec:
@@ -136,11 +136,11 @@ def test_morton_matches_spec_algorithm(data):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 3), min_size=1, max_size=12))
-def test_group_by_shard_lists_each_value_with_its_positions(values):
+def test_positions_by_value_lists_each_value_with_its_positions(values):
     # one value takes a path of its own (no numpy unique); both must give the same groups
     arr = np.array(values, dtype=np.uint64)
     want = {v: [i for i, w in enumerate(values) if w == v] for v in sorted(set(values))}
-    got = list(group_by_shard(arr))
+    got = list(positions_by_value(arr))
     assert [v for v, _ in got] == list(want) and all(type(v) is int for v, _ in got)
     assert [pos.tolist() for _, pos in got] == list(want.values())
     assert all(pos.dtype == np.intp for _, pos in got)

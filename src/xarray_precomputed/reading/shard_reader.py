@@ -273,7 +273,7 @@ class ShardReader:
         indices; a range no chunk of this scale could fill is refused here, before any fetch."""
         want: list[int] = []
         ranges: list[tuple[int, int]] = []
-        for m, sel in group_by_shard(minishards):
+        for m, sel in positions_by_value(minishards):
             found, starts, ends = indices[m].lookup(chunk_ids[sel])
             for j in np.nonzero(found)[0].tolist():
                 s, e = int(starts[j]), int(ends[j])
@@ -308,13 +308,13 @@ def forget_cached_indices() -> None:
     shard_form_cache.clear()
 
 
-def group_by_shard(shards: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
-    """Each distinct value of `shards` (shard or minishard numbers), ascending, with the
+def positions_by_value(values: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+    """Each distinct value (shard or minishard numbers of a read's chunks), ascending, with the
     positions that hold it."""
-    if len(shards) == 1:
-        # A read of one chunk (every dask task on storage chunks) asks this twice or more; numpy's
-        # unique and nonzero cost ~10 us each time for what is known here.
-        yield int(shards[0]), np.zeros(1, np.intp)
+    if len(values) == 1:
+        # A read of one chunk (every dask task on storage chunks) asks this twice; numpy's unique
+        # and nonzero cost ~10 us each time for what is known here.
+        yield int(values[0]), np.zeros(1, np.intp)
         return
-    for s in np.unique(shards).tolist():
-        yield int(s), np.nonzero(shards == s)[0]
+    for v in np.unique(values).tolist():
+        yield int(v), np.nonzero(values == v)[0]

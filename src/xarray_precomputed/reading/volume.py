@@ -34,7 +34,7 @@ from .base import (
     running_reads,
 )
 from .missing import record_filled
-from .shard_reader import ShardReader, group_by_shard
+from .shard_reader import ShardReader, positions_by_value
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
 # decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded
@@ -177,7 +177,7 @@ class ScaleReader(ChunkedScaleReader):
         ids = compressed_morton(cells, self.grid_shape)
         shards, minis = chunk_location(ids, sharding)
         groups = []
-        for shard, members in group_by_shard(shards):
+        for shard, members in positions_by_value(shards):
             # Over a network a shard wanted whole costs one request instead of three rounds
             # (shard index, minishard indices, data), as TensorStore reads it.
             whole = None
@@ -291,7 +291,7 @@ class ScaleReader(ChunkedScaleReader):
         else:
             ids = compressed_morton(cells, self.grid_shape)
             shards, minis = chunk_location(ids, sharding)
-            for shard, members in group_by_shard(shards):
+            for shard, members in positions_by_value(shards):
                 batches += [((shard, ids, minis, None), members[k:k + per])
                             for k in range(0, len(members), per)]
         shape = (*self.chunk_size, self.info.num_channels)
