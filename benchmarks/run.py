@@ -41,6 +41,9 @@ D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and 
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
     rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
+    `ours-dask-F` on every row: our blocks in the stored order, so a raw chunk is read and copied
+    in as rows (a storage-chunk block: the file read straight into it), never transposed: what
+    getting the stored bytes into the blocks costs with no reordering.
     `dask-floor` (no reader, as W1's): the same chunks from np.ones through xarray and dask, then
     the same computation; its speed over TensorStore's is the highest ratio any reader could reach.
 P   preferred chunks, `chunks={}` with the default `preferred_chunks="block"` (on the sharded
@@ -572,11 +575,11 @@ def main() -> None:
                 continue
             for vol in dask_vols:
                 warm(paths[vol])
-                for reader in ("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"):
+                for reader in _rotated(("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"), rnd):
                     record((task, vol, reader), run_one(task, reader, paths[vol]))
             for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
                 warm(paths[vol])
-                for reader in _rotated(("ours-dask", "ts-dask", "dask-floor"), rnd):
+                for reader in _rotated(("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"), rnd):
                     record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))
         if "P" in only:
             for where, url in (("seg", paths["seg"]), ("em", paths["em"]),
