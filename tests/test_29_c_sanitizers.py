@@ -1,0 +1,105 @@
+"""The C extensions built with AddressSanitizer and UndefinedBehaviorSanitizer, under the tests
+that drive them hardest: the codec and layout tests with their golden vectors and mutated real
+chunks, the oracle reads in both memory orders, the writers' round trips, the DVID block decoder
+and the fuzzing of test_95. An out-of-bounds access or undefined behaviour in any of them stops the
+run with the sanitizer's report, where the ordinary build might read a stray byte and pass.
+
+Every `_*.c` file under the package is an extension of the same name (setup.py); each is built
+again here, with the sanitizers, into a copy of the package, which the child pytest imports
+first (PYTHONPATH). Needs gcc with its sanitizer runtimes (Debian's gcc has them); the test fails,
+not skips, without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+import xarray_precomputed
+
+PKG = Path(xarray_precomputed.__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+SANITIZE = ["-O1", "-g", "-std=c99", "-fPIC", "-shared", "-fno-omit-frame-pointer",
+            "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+# The tests that reach every C function, as measured in session 17 (the whole suite also passes
+# under the sanitizers, but for test_00, whose ruff and mypy do not run with the runtimes
+# preloaded, and test_64, which measures glibc's heap, replaced here by the sanitizer's).
+UNDER_SANITIZERS = ["test_15_storage.py", "test_20_compressed_segmentation.py",
+                    "test_21_cseg_encoder.py", "test_22_raw_layout.py", "test_26_dvid_block.py",
+                    "test_30_volume_oracle.py", "test_34_direct_reads.py",
+                    "test_35_corrupt_data.py", "test_70_write_roundtrip.py",
+                    "test_71_write_shards.py", "test_80_dvid_reader.py", "test_95_fuzz.py"]
+
+
+def _runtime(name: str) -> str:
+    path = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert os.path.isabs(path) and os.path.exists(path), (
+        f"gcc has no {name} (install gcc's sanitizer runtimes, e.g. Debian's gcc package)")
+    return path
+
+
+def _sanitized_copy(root: Path) -> list[Path]:
+    """The package copied under `root`, each C extension rebuilt there with the sanitizers."""
+    copy = root / "xarray_precomputed"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    sources = sorted(copy.rglob("_*.c"))
+    includes = [f"-I{np.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+    built = []
+    for c in sources:
+        so = c.with_name(c.stem + sysconfig.get_config_var("EXT_SUFFIX"))
+        done = subprocess.run(["gcc", *SANITIZE, *includes, str(c), "-o", str(so)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"building {c.name} with the sanitizers failed:\n{done.stderr}"
+        built.append(so)
+    return built
+
+
+def _env(root: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(root),
+            "LD_PRELOAD": f"{_runtime('libasan.so')} {_runtime('libubsan.so')}",
+            # CPython keeps memory to its exit by design: leaks are not what is looked for here
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
+
+def test_c_extensions_under_sanitizers(tmp_path):
+    built = _sanitized_copy(tmp_path)
+    installed = sorted(p.relative_to(PKG) for p in PKG.rglob("_*.c"))
+    assert [p.relative_to(tmp_path / "xarray_precomputed").with_suffix("").with_suffix("")
+            for p in built] == [p.with_suffix("") for p in installed] and len(built) >= 5
+    env = _env(tmp_path)
+
+    # The child imports the sanitized copies, and the sanitizer is live there: a read past a
+    # numpy buffer through memcpy is reported (so this test can fail).
+    names = sorted(".".join(p.relative_to(tmp_path).with_suffix("").with_suffix("").parts)
+                   for p in built)
+    probe = ("import importlib, sys; "
+             f"print([importlib.import_module(n).__file__ for n in {names!r}])")
+    seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    assert all(str(tmp_path) in f for f in eval(seen.stdout)), seen.stdout
+    overflow = ("import ctypes, numpy as np; b = np.zeros(64, np.uint8); "
+                "ctypes.string_at(b.ctypes.data, 128)")
+    caught = subprocess.run([sys.executable, "-c", overflow], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert caught.returncode != 0 and "heap-buffer-overflow" in caught.stderr, caught.stderr[-3000:]
+
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+         *(str(HERE / t) for t in UNDER_SANITIZERS)],
+        env=env, capture_output=True, text=True, timeout=1500, cwd=HERE.parent)
+    found = [ln for ln in (run.stdout + run.stderr).splitlines()
+             if "ERROR: AddressSanitizer" in ln or "runtime error:" in ln
+             or (ln.lstrip().startswith("#") and ".c:" in ln)]
+    report = ("\n".join(found[:40]) + "\n--- the child's output ---\n" + run.stdout[-6000:]
+              + "\n--- stderr ---\n" + run.stderr[-4000:])
+    assert run.returncode == 0, f"under AddressSanitizer and UBSan:\n{report}"
+    assert " passed" in run.stdout and " failed" not in run.stdout, report
