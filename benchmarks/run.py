@@ -40,7 +40,7 @@ R   the raw matrix (volumes.py: 1024×1024×64, uint8 1 and 3 channels, uint16, 
 D   dask reductions, `chunks={}` then `.max()`: ours in C-ordered (default) and Fortran blocks,
     against a TensorStore-backed dask array (`da.from_array` over the TensorStore on the same
     chunks: ours with `preferred_chunks="chunk"`), on W1's volumes and the raw matrix's 128×128×32 volumes;
-    rows `@block`: both on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
+    rows `@block`: every reader on the blocks ours gives by default (`chunks={}`, `preferred_chunks="block"`).
     `ours-dask-F` on every row: our blocks in the stored order, so a raw chunk is read and copied
     in as rows (a storage-chunk block: the file read straight into it), never transposed: what
     getting the stored bytes into the blocks costs with no reordering.
@@ -577,7 +577,7 @@ def main() -> None:
                 warm(paths[vol])
                 for reader in _rotated(("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"), rnd):
                     record((task, vol, reader), run_one(task, reader, paths[vol]))
-            for vol in dask_vols:  # both on the blocks `chunks={}` gives by default
+            for vol in dask_vols:  # every reader on the blocks `chunks={}` gives by default
                 warm(paths[vol])
                 for reader in _rotated(("ours-dask", "ts-dask", "ours-dask-F", "dask-floor"), rnd):
                     record((task, vol + "@block", reader), run_one(task, reader + "@block", paths[vol]))

@@ -349,8 +349,8 @@ class _Stats:
 def _limit_memory() -> None:
     if under_address_sanitizer():
         # AddressSanitizer reserves terabytes of address space for its shadow memory, so an
-        # address-space limit stops the child before it starts; its allocator enforces the same
-        # bound instead (CHILD_ASAN_OPTIONS, set by the parent).
+        # address-space limit stops the child before it starts; its options bound the memory
+        # instead (CHILD_ASAN_OPTIONS, set by the parent).
         return
     try:
         import resource
@@ -366,9 +366,11 @@ def under_address_sanitizer() -> bool:
     return "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
-# Under AddressSanitizer: an allocation past CHILD_MEMORY fails (numpy raises MemoryError, which
-# fails the case as an unbounded allocation would under RLIMIT_AS) instead of being made.
-CHILD_ASAN_OPTIONS = f"max_allocation_size_mb={CHILD_MEMORY >> 20}:allocator_may_return_null=1"
+# Under AddressSanitizer: one allocation past CHILD_MEMORY fails (numpy raises MemoryError, which
+# fails the case as it would under RLIMIT_AS), and a child whose resident memory passes twice that
+# (the sanitizer's shadow and quarantine included; anonymous mappings too) is stopped.
+CHILD_ASAN_OPTIONS = (f"max_allocation_size_mb={CHILD_MEMORY >> 20}:allocator_may_return_null=1:"
+                      f"hard_rss_limit_mb={2 * CHILD_MEMORY >> 20}")
 
 
 def child_main(target: str, root: str, n: str, arg: str = "") -> None:
