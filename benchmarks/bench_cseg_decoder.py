@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - bench extra
     pypi_cseg = None
 
-DEFAULT_DATA = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "neuroglancer"
+DEFAULT_DATA = (Path(__file__).resolve().parents[1] / "tests" / "data" / "neuroglancer"
                 / "fib25-64x64x64-raw-uint64-segmentation.dat")
 BLOCK = (8, 8, 8)
 

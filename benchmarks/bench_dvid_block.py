@@ -1,5 +1,5 @@
 """DVID label block decoding: the C sub-block phase against the numpy one, on real blocks (the
-real export shard's 258 blocks and the fib19 sample block in ../shared/data/dvid).
+real export shard's 258 blocks and the fib19 sample block in tests/data/dvid).
 
     python benchmarks/bench_dvid_block.py
 """
@@ -16,7 +16,7 @@ import zstandard
 
 from xarray_precomputed.dvid import block as blockmod
 
-DVID = Path(__file__).resolve().parents[2] / "shared" / "data" / "dvid"
+DVID = Path(__file__).resolve().parents[1] / "tests" / "data" / "dvid"
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Benchmark volumes, written by TensorStore from real data.
 
-- `seg`: the 64³ FIB-25 ground-truth cube (../shared/data/neuroglancer/) tiled into 512×512×256
+- `seg`: the 64³ FIB-25 ground-truth cube (tests/data/neuroglancer/) tiled into 512×512×256
   uint64 (each tile randomly flipped and relabelled), sharded compressed_segmentation with gzip
   minishard indices and data, identity hash (each shard an aligned box of chunks).
 - `em`: an EM-like uint8 raw image of the same size (smoothed noise), unsharded.
@@ -8,7 +8,7 @@
   three channels (`u8x3`), uint16 (`u16`) and uint64 (`u64`), unsharded, in each common chunk
   shape (`RAW_CHUNKS`: 64³, 128×128×32, 256×256×16, 1024×1024×1).
 - `seg-x4`, `em-x4`: the same kinds at 1024×1024×256 (4x the voxels; `build_large`).
-- `mcns`: the male CNS `info` (../shared/data/dvid/mcns-ng-specs.json, 94088×78317×134576 at scale
+- `mcns`: the male CNS `info` (tests/data/dvid/mcns-ng-specs.json, 94088×78317×134576 at scale
   0) with one shard of scale 0 written around the middle of the volume.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[1] / "tests" / "data"
 SHAPE = (512, 512, 256)
 CHUNK = (64, 64, 64)
 SEG_SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity",

@@ -13,8 +13,7 @@ import pytest
 
 import oracle
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-SHARED_SPECS = Path(__file__).resolve().parents[1].parent / "shared" / "specs"
+SHARED_DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +30,9 @@ def _restore_environment():
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """`../shared/data` beside the repository; fails (never skips) when it is missing."""
-    assert SHARED_DATA.is_dir(), f"shared test data not found at {SHARED_DATA}"
+    """`tests/data`: the real files copied verbatim from `../shared/data` (provenance in its
+    README); fails (never skips) when it is missing."""
+    assert SHARED_DATA.is_dir(), f"test data not found at {SHARED_DATA}"
     return SHARED_DATA
 
 

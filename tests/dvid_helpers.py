@@ -20,7 +20,7 @@ from xarray_precomputed import (
 )
 from xarray_precomputed.dvid import DvidScaleReader, ShardBoxes
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 DVID = DATA / "dvid"
 EXPORT = DVID / "export-shards"
 INFO = DVID / "mcns-ng-specs.json"

@@ -14,7 +14,7 @@ import oracle
 from xarray_precomputed.errors import InfoError, PrecomputedError
 from xarray_precomputed.format.info import ShardingSpec, parse_info
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parent / "data"
 
 SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity",
             "minishard_bits": 6, "shard_bits": 9, "minishard_index_encoding": "gzip",

@@ -27,7 +27,7 @@ from xarray_precomputed.codecs.compressed_segmentation import decode, decode_int
 from xarray_precomputed.codecs.compressed_segmentation import encode as our_encode
 from xarray_precomputed.errors import ChunkError, CorruptChunkError
 
-SHARED_DATA = Path(__file__).parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parent / "data"
 FIB25 = SHARED_DATA / "neuroglancer" / "fib25-64x64x64-raw-uint64-segmentation.dat"
 
 

@@ -15,7 +15,7 @@ from oracle import make_data, ts_open, write_volume
 from xarray_precomputed import BoundsError, Volume
 from xarray_precomputed.dvid import DvidScaleReader
 
-DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
+DVID = Path(__file__).resolve().parent / "data" / "dvid"
 
 SHARDING = {"preshift_bits": 1, "hash": "identity", "minishard_bits": 1, "shard_bits": 3,
             "minishard_index_encoding": "gzip", "data_encoding": "gzip"}

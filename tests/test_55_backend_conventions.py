@@ -22,7 +22,7 @@ from xarray_precomputed import (ArgumentError, HugeGraphWarning, PrecomputedErro
 from xarray_precomputed.backends.dvid_arrow import DvidArrowBackendEntrypoint
 from xarray_precomputed.backends.precomputed import PrecomputedBackendEntrypoint
 
-DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
+DVID = Path(__file__).resolve().parent / "data" / "dvid"
 EXPORT, DVID_INFO = DVID / "export-shards", DVID / "mcns-ng-specs.json"
 
 SHARDING = {"preshift_bits": 1, "hash": "identity", "minishard_bits": 1, "shard_bits": 2,

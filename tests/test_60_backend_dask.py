@@ -23,7 +23,7 @@ import xarray as xr
 
 from xarray_precomputed.backends.precomputed import PrecomputedBackendEntrypoint
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parent / "data"
 MCNS_INFO = SHARED_DATA / "dvid" / "mcns-ng-specs.json"
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from oracle import (OME_VOLUMES, assert_same, build_ome_volumes, make_data, tree
 from xarray_precomputed import to_ome_zarr
 from xarray_precomputed.export.ome_zarr import ExportError
 
-DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
+DVID = Path(__file__).resolve().parent / "data" / "dvid"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import tensorstore as ts
 from oracle import add_scale, make_data, read_info, ts_read, write_volume
 from xarray_precomputed.cli import main
 
-DVID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dvid"
+DVID = Path(__file__).resolve().parent / "data" / "dvid"
 SCRIPT = Path(sys.executable).parent / "xarray-precomputed"
 
 
