@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import compressed_segmentation as pypi_cseg
 import oracle
-from xarray_precomputed.codecs import _cseg
+from xarray_precomputed.codecs.compressed_segmentation import _cseg  # C, or the fallback
 from xarray_precomputed.codecs.compressed_segmentation import decode, decode_into
 from xarray_precomputed.codecs.compressed_segmentation import encode as our_encode
 from xarray_precomputed.errors import ChunkError, CorruptChunkError

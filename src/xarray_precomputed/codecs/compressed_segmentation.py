@@ -33,8 +33,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._native import load
 from ..errors import CorruptChunkError, WriterError
-from . import _cseg, _cseg_encode
+from . import cseg_fallback
+
+# The C decoder and encoder, or their exact numpy fallbacks (same functions, same errors).
+_cseg = load("xarray_precomputed.codecs._cseg") or cseg_fallback
+_cseg_encode = load("xarray_precomputed.codecs._cseg_encode") or cseg_fallback
 
 __all__ = ["decode", "decode_into", "encode", "encode_channel", "plausible"]
 

@@ -11,8 +11,12 @@ import sys
 
 import numpy as np
 
+from .._native import load
 from ..errors import CorruptChunkError
-from ._fortran import copy_fortran_chunk
+from . import fortran_fallback
+
+# The tiled C copy, or its exact numpy fallback (same function, same errors).
+copy_fortran_chunk = (load("xarray_precomputed.codecs._fortran") or fortran_fallback).copy_fortran_chunk
 
 # The C copy moves bytes as they are stored (little-endian); elsewhere numpy converts.
 _NATIVE_LITTLE = sys.byteorder == "little"

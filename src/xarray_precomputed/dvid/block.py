@@ -31,12 +31,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .._native import load
 from ..errors import CorruptChunkError
 
-try:
-    from . import _block  # the sub-block phase in C: ~5x faster, GIL released
-except ImportError:  # pragma: no cover - a source tree without the built extension
-    _block = None  # type: ignore[assignment]
+# the sub-block phase in C (~5x faster, GIL released), or None: the numpy phase below
+_block = load("xarray_precomputed.dvid._block")
 
 SUB = 8                      # sub-block edge
 SUB_VOXELS = SUB ** 3        # 512

@@ -12,11 +12,15 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .._native import load
 from ..errors import PermissionDeniedError, StorageError
 from ..util import LRUCache
-from ._fileread import read_file
+from . import fileread_fallback
 from .base import Store, coalesce, request_counts, split_merged
 from .encodings import SUFFIXES, decode
+
+# One call that releases the GIL once per file, or its exact Python fallback.
+read_file = (load("xarray_precomputed.storage._fileread") or fileread_fallback).read_file
 
 # Ranges closer than this are fetched as one read and split afterwards.
 LOCAL_COALESCE_GAP = 1 << 16
