@@ -57,7 +57,8 @@ class BuildExt(build_ext):
         except BUILD_ERRORS as exc:  # no compiler at all (e.g. MSVC missing)
             if REQUIRE:
                 raise
-            self._warn("all extensions", exc)
+            self._warn("the extensions", exc)
+            self.extensions = []
 
     def build_extensions(self):
         msvc = self.compiler.compiler_type == "msvc"
@@ -77,7 +78,11 @@ class BuildExt(build_ext):
                 else:
                     print(f"xarray-precomputed: zlib not found; {e.name} is built without gzip "
                           "(gzip chunks take the Python path)", file=sys.stderr)
+        self._failed = []
         super().build_extensions()
+        # what was not built is not an output: neither copied into the tree (editable and
+        # --inplace builds) nor listed in the wheel
+        self.extensions = [e for e in self.extensions if e not in self._failed]
 
     def build_extension(self, e):
         try:
@@ -86,6 +91,7 @@ class BuildExt(build_ext):
             if REQUIRE:
                 raise
             self._warn(e.name, exc)
+            self._failed.append(e)
 
     def _has_zlib(self) -> bool:
         """Whether a program including zlib.h links against -lz with this compiler."""

@@ -196,11 +196,33 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def format_native(paths: dict[str, str]) -> str:
+    """Which compiled extensions this installation uses, and which numpy fallbacks."""
+    from ._native import FORCE_ENV, forced_pure
+
+    why = f" ({FORCE_ENV} is set)" if forced_pure() else ""
+    lines = [f"compiled code{why}"]
+    lines += [f"  {name:<14}{what}" for name, what in paths.items()]
+    return "\n".join(lines)
+
+
 def cmd_info(args) -> int:
+    from . import __version__
+    from ._native import in_use
+
+    paths = in_use()
+    if args.url is None:  # the installation alone
+        if args.json:
+            print(json.dumps({"version": __version__, "native": paths}, indent=1))
+        else:
+            print(f"xarray-precomputed {__version__}\n\n{format_native(paths)}")
+        return 0
     engine = args.engine or _guess_engine(args.url)
     vi, present, url = _load(args.url, engine, args.info, args.storage_options)
     summary = summarize(vi, present, url, engine)
-    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    summary["native"] = paths
+    print(json.dumps(summary, indent=1) if args.json else
+          format_summary(summary) + "\n\n" + format_native(paths))
     return 0
 
 
@@ -373,8 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fsspec options for the source, as JSON")
 
     i = sub.add_parser("info", help="summarise a volume: scales, sizes, chunking, encoding, "
-                                    "sharding, shard box, uncompressed bytes")
-    i.add_argument("url")
+                                    "sharding, shard box, uncompressed bytes; and whether the "
+                                    "compiled extensions or their numpy fallbacks are in use")
+    i.add_argument("url", nargs="?", default=None,
+                   help="the volume (without it: only the installation's compiled code)")
     source_options(i)
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.set_defaults(func=cmd_info)

@@ -29,13 +29,19 @@ def read_file(path, buffer) -> int:
             return -1
         if os.name == "nt" and isinstance(e, PermissionError) and os.path.isdir(path):
             return -1  # Windows refuses to open a directory (EACCES)
-        raise
+        raise _named(e, path) from None
     try:
         return _read_open(fd, view)
     except OSError as e:
-        raise OSError(e.errno, e.strerror, os.fsdecode(path)) from None
+        raise _named(e, path) from None
     finally:
         os.close(fd)
+
+
+def _named(e: OSError, path) -> OSError:
+    """The error as the C reader raises it: its errno's OSError subclass, the path (as the
+    file system's bytes) for filename."""
+    return OSError(e.errno, e.strerror, os.fsencode(path))
 
 
 def _read_open(fd: int, view: memoryview) -> int:
