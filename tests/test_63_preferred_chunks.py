@@ -2,10 +2,9 @@
 chunks, blocks that tile those boxes (the whole box from a remote store, up to dask's target
 chunk size; at most LOCAL_BLOCK_BYTES locally); elsewhere (unsharded, hashed shards) storage
 chunks grouped into aligned boxes up to the same size; `preferred_chunks="shard"` keeps storage
-chunks there, `"chunk"` asks for storage chunks everywhere. The shard box is checked against TensorStore's write
-chunk, every block's voxels against TensorStore's read, and a dask task of a whole shard over
-HTTP against the server's request log (one request).
-"""
+chunks there, `"chunk"` asks for storage chunks everywhere. The shard box is checked against
+TensorStore's write chunk, every block's voxels against TensorStore's read, and a dask task of a
+whole shard over HTTP against the server's request log (one request)."""
 
 from __future__ import annotations
 
@@ -269,21 +268,36 @@ def test_remote_blocks_are_whole_shards_each_one_request(volume, monkeypatch):
 @pytest.mark.parametrize("chunks, expected", [
     ({"x": 16, "y": 16, "z": 8}, ((16,) * 4, (16, 16, 16), (8,) * 5)),
     (16, ((16,) * 4, (16, 16, 16), (16, 16, 8))),
-    ({"z": 8}, (None, None, (8,) * 5)),  # None: as the default block
-    ({"x": -1, "z": 16}, ((64,), None, (16, 16, 8))),
+    ({"z": 8}, ((16,) * 4, (16, 16, 16), (8,) * 5)),  # the dims not given: storage chunks
+    ({"x": -1, "z": 16}, ((64,), (16, 16, 16), (16, 16, 8))),
 ], ids=str)
-def test_sizes_given_that_split_no_storage_chunk_do_not_warn(unboxed, volume, chunks, expected):
-    """Where the caller gives sizes, the storage chunk is reported as preferred: xarray's warning
-    about splitting stored chunks stays quiet for sizes that split none (our blocks are not
-    stored chunks), on grouped and on shard-aligned defaults; the blocks are as asked, and the
-    dims not given follow the default block."""
+def test_sizes_given_with_storage_chunks_preferred_do_not_warn(unboxed, volume, chunks, expected):
+    """With `preferred_chunks="chunk"` (what the docstring and README say to pass with sizes of
+    your own) xarray's warning about splitting stored chunks stays quiet for sizes that split
+    none, on grouped and on shard-aligned scales; the blocks are as asked."""
     for path, truth in (unboxed, volume):
-        default = _open(path).chunks
-        assert default[:3] != ((16,) * 4, (16, 16, 16), (8,) * 5)  # not storage chunks
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            da = _open(path, chunks=chunks)
-        assert da.chunks == (*(e or d for e, d in zip(expected, default)), (2,))
+            da = _open(path, chunks=chunks, preferred_chunks="chunk")
+        assert da.chunks == (*expected, (2,))
+        np.testing.assert_array_equal(da.compute().values, truth)
+
+
+def test_sizes_given_against_the_default_blocks(unboxed, volume):
+    """With the default blocks preferred, xarray checks sizes given against the blocks (the
+    engine is not told about chunks=): storage-chunk sizes that split a block warn, sizes that
+    are whole blocks do not; the blocks are as asked either way."""
+    for path, truth in (unboxed, volume):
+        default = _open(path)
+        block = default.data.chunksize
+        assert block[:3] != CHUNK  # the default is not the storage chunk
+        with pytest.warns(UserWarning, match="separate the stored chunks"):
+            da = _open(path, chunks=dict(zip("xyz", CHUNK)))
+        assert da.data.chunksize == (*CHUNK, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            whole = _open(path, chunks=dict(zip("xyz", block[:3])))
+        assert whole.chunks == default.chunks
         np.testing.assert_array_equal(da.compute().values, truth)
 
 

@@ -11,9 +11,19 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
+from oracle import (
+    OME_VOLUMES,
+    assert_same,
+    build_ome_volumes,
+    make_data,
+    tree_files,
+    ts_read,
+    ts_zarr,
+    write_volume,
+    zarr_order,
+    zarr_shard_files,
+)
 
-from oracle import (OME_VOLUMES, assert_same, build_ome_volumes, make_data, tree_files, ts_read, ts_zarr,
-                    write_volume, zarr_order, zarr_shard_files)
 from xarray_precomputed import to_ome_zarr
 from xarray_precomputed.export.ome_zarr import ExportError
 
@@ -205,7 +215,7 @@ def test_stored_chunks_stream_into_the_same_bytes_as_slabs(volumes, name, tmp_pa
     assert calls == {"chunks": report.written, "slabs": 0} and report.written > 0
     for k, t in enumerate(truth):
         assert_same(ts_zarr(tmp_path / "stream.zarr" / f"s{k}"), zarr_order(t))
-    monkeypatch.setattr(ome_zarr, "stored_chunk_reader", lambda scale: None)
+    monkeypatch.setattr(ome_zarr, "stored_chunk_reader", lambda scale, volume: None)
     to_ome_zarr(str(path), tmp_path / "slabs.zarr", progress=False)
     assert calls["slabs"] == report.written
     a, b = tree_files(tmp_path / "stream.zarr"), tree_files(tmp_path / "slabs.zarr")
@@ -214,29 +224,51 @@ def test_stored_chunks_stream_into_the_same_bytes_as_slabs(volumes, name, tmp_pa
 
 
 def test_only_a_whole_unchanged_scale_streams(volumes):
+    """Stored chunks stream only from a volume the exporter opened itself, for a variable that
+    shows one of its scales whole (found by the variable's encoding, checked by shape, dtype,
+    channels and chunk); a Dataset handed in is read through its values."""
+    from xarray_precomputed import Volume
     from xarray_precomputed.export.chunk_source import stored_chunk_reader
     from xarray_precomputed.export.plan import collect
 
     path, _ = volumes["multi"]
+    own = Volume.open(str(path))
 
-    def reader_of(obj, **kw):
+    def reader_of(obj, volume=own, **kw):
         (s,) = collect(obj, scales=None, variable=None, shard_shape=kw.get("shard_shape"),
                        max_shard_bytes=1 << 30)
-        return stored_chunk_reader(s)
+        return stored_chunk_reader(s, volume)
 
     ds = xr.open_dataset(path, engine="precomputed", scale=1)
-    assert reader_of(ds) is not None
+    reader = reader_of(ds)
+    assert reader is not None and reader.scale_info.key == ds["image"].encoding["scale_key"]
+    assert reader_of(ds, volume=None) is None                               # handed in
     assert reader_of(ds.isel(x=slice(0, None))) is not None                # every voxel still
     assert reader_of(ds, shard_shape=(16, 16, 8)) is not None
     assert reader_of(ds.isel(x=slice(1, None))) is None                     # a cut-out
     assert reader_of(ds.isel(x=slice(None, None, 2))) is None
     assert reader_of(ds.isel(channel=[0, 2])) is None
-    assert reader_of(ds.transpose("channel", "z", "y", "x")) is None
+    # the plan puts the axes back in x, y, z, channel order: the same voxels as stored
+    assert reader_of(ds.transpose("channel", "z", "y", "x")) is not None
     assert reader_of(ds + 1) is None                                        # other values
     assert reader_of(ds.chunk({})) is None                                  # dask: its blocks
-    loaded = ds.copy()
-    loaded["image"].load()
-    assert reader_of(loaded) is None
+    other = xr.open_dataset(volumes["seg"][0], engine="precomputed")
+    assert reader_of(other) is None                                         # another volume
+
+
+def test_a_dataset_handed_in_is_exported_from_its_values(volumes, tmp_path):
+    """Values changed in place after loading, or other data under the same encoding, are what
+    the export writes (the stored chunks would be the old values)."""
+    path, truth = volumes["multi"]
+    ds = xr.open_dataset(path, engine="precomputed", scale=1)
+    ds["image"].load()
+    ds["image"].values[:3] = 7
+    rolled = xr.open_dataset(path, engine="precomputed", scale=1).roll(x=1, roll_coords=False)
+    for name, obj in (("edited", ds), ("rolled", rolled)):
+        to_ome_zarr(obj, tmp_path / f"{name}.zarr", progress=False)
+        want = obj["image"].values
+        assert obj["image"].encoding["source"] == ds["image"].encoding["source"]
+        assert_same(ts_zarr(tmp_path / f"{name}.zarr" / "s1"), zarr_order(want))
 
 
 def test_planning_reads_no_voxels(volumes, monkeypatch):

@@ -97,4 +97,6 @@ class ArgumentError(PrecomputedError, TypeError):
 
 
 class HugeGraphWarning(UserWarning):
-    """Opening with these chunks would give dask more tasks than it handles well."""
+    """Kept so that warning filters naming it still work. The engines no longer emit it: xarray
+    does not tell an engine about `chunks=`, so opening cannot count the dask tasks it will make
+    (the README's "dask and huge volumes" says what to do instead)."""

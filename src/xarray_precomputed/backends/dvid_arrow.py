@@ -24,7 +24,6 @@ from .conventions import (
     check_options,
     drop,
     pick_scale,
-    warn_if_huge,
 )
 from .tree import scale_groups
 
@@ -107,9 +106,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
         which = pick_scale(scale, group, len(vi.scales))
         reader = DvidScaleReader.open(os.fspath(filename_or_obj), vi, which, labels=labels,
                                       fill_missing=fill_missing, storage_options=storage_options)
-        ds = drop(dvid_dataset(reader), drop_variables)
-        warn_if_huge([ds])
-        return ds
+        return drop(dvid_dataset(reader), drop_variables)
 
     def open_groups_as_dict(self, filename_or_obj, *, info: Any = None, group: str | None = None,
                             labels: str = "agglomerated", fill_missing: bool = True,
@@ -138,7 +135,6 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                 url, vi, vi.scales[k], labels=labels, fill_missing=fill_missing,
                 storage_options=storage_options)),
             n_scales=len(vi.scales), group=group, drop_variables=drop_variables, what="export")
-        warn_if_huge(groups.values())
         return groups
 
     def open_datatree(self, filename_or_obj, *, info: Any = None, group: str | None = None,

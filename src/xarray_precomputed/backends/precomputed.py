@@ -21,21 +21,21 @@ from .conventions import (
     DECODER_ARGS,
     check_bool,
     check_options,
-    chunks_requested,
-    dims_given_sizes,
     drop,
     pick_scale,
-    warn_if_huge,
 )
 from .tree import scale_groups
 
 DIMS = ("x", "y", "z", "channel")
-# Memory order of the blocks the backend hands to xarray, chosen by measurement (docs/design.md,
-# "Memory order"): the stored order for `.values` and plain indexing; C order when the dataset is
-# opened with chunks=, because dask assembles computed arrays in C order and transposing
-# Fortran blocks there, in one thread, cost up to 7x the whole read.
+# Memory order of what the backend hands to xarray, chosen by measurement (docs/design.md,
+# "Memory order"), unless the caller passes `order=`: the stored order for `.values` and plain
+# indexing (RESULT_ORDER); C order for a read of exactly one preferred block, which is what each
+# dask task of `chunks={}` asks for (DASK_ORDER), because dask assembles computed arrays in C
+# order and transposing Fortran blocks there, in one thread, cost up to 7x the whole read.
+# xarray does not tell an engine about `chunks=`, so the read itself is what decides.
 RESULT_ORDER = "F"
 DASK_ORDER = "C"
+_ORDERS = ("C", "F")
 # What `preferred_chunks` (and so `chunks={}`) follows: "block" (on a scale whose shard files
 # are aligned boxes of chunks, that box cut down to the block size; elsewhere storage chunks
 # grouped up to the block size), "shard" (the shard box where there is one, else the storage
@@ -55,13 +55,19 @@ _PREFERRED = ("block", "shard", "chunk")
 
 
 class PrecomputedBackendArray(BackendArray):
-    """Lazily indexed view of one scale. Holds only a ScaleReader, which pickles small."""
+    """Lazily indexed view of one scale. Holds only a ScaleReader, which pickles small.
 
-    def __init__(self, reader: ScaleReader, order: str | None = None):
+    `order`: "C" or "F" for every read; None: DASK_ORDER for a read of exactly one block of
+    `block` (x, y, z extents; aligned to the block grid, every channel) when the scale holds more
+    than one such block, RESULT_ORDER for any other read."""
+
+    def __init__(self, reader: ScaleReader, order: str | None = None,
+                 block: tuple[int, ...] | None = None):
         self.reader = reader
         self.shape = reader.shape
         self.dtype = reader.dtype
-        self.order = order  # None: RESULT_ORDER at read time
+        self.order = order
+        self.block = None if block is None else tuple(int(b) for b in block)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         if type(key) is indexing.BasicIndexer and all(
@@ -83,10 +89,29 @@ class PrecomputedBackendArray(BackendArray):
                 squeeze.append(axis)
             else:
                 spatial.append(k)
-        data = self.reader.read_outer(*spatial, order=self.order or RESULT_ORDER)
+        data = self.reader.read_outer(*spatial, order=self._order(key))
         data = data[..., key[3]]
         return data.reshape([n for i, n in enumerate(data.shape) if i not in squeeze]) \
             if squeeze else data
+
+
+    def _order(self, key: tuple) -> str:
+        if self.order is not None:
+            return self.order
+        block = self.block
+        if block is None or all(b >= n for b, n in zip(block, self.shape)):
+            return RESULT_ORDER  # one block is the whole scale: a read of it is `.values`
+        for k, b, n in zip(key[:3], block, self.shape):
+            if not (type(k) is slice and k.step in (None, 1)):
+                return RESULT_ORDER
+            start, stop, _ = k.indices(n)
+            if start % b or stop != min(start + b, n):
+                return RESULT_ORDER
+        c = key[3] if len(key) > 3 else slice(None)
+        if not (type(c) is slice and c.indices(self.shape[3])[:2] == (0, self.shape[3])
+                and c.step in (None, 1)):
+            return RESULT_ORDER
+        return DASK_ORDER
 
 
 def _normalize_empty_slices(key: indexing.ExplicitIndexer, shape) -> indexing.ExplicitIndexer:
@@ -117,20 +142,25 @@ def _coords(scale, num_channels: int) -> dict[str, xr.Variable]:
     return coords
 
 
-def scale_dataset(reader: ScaleReader, preferred: str | None = None) -> xr.Dataset:
+def scale_dataset(reader: ScaleReader, preferred: str | None = None,
+                  order: str | None = None) -> xr.Dataset:
     """One scale as a Dataset. What the data means (volume type, resolution, voxel offset) goes to
     `.attrs`; how it is stored (encoding, chunking, sharding, where) to `.encoding`, which xarray's
-    writers do not copy into the files they write."""
+    writers do not copy into the files they write. `preferred`: see `preferred_chunk_shape`;
+    `order`: see `PrecomputedBackendArray`."""
     info, scale = reader.info, reader.scale_info
     attrs: dict[str, Any] = {
         "type": info.type,
         "resolution": list(scale.resolution),
         "voxel_offset": list(scale.voxel_offset),
     }
-    order = DASK_ORDER if chunks_requested() else None
-    data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader, order))
+    if order is not None and order not in _ORDERS:
+        raise ArgumentError(f"order must be one of {_ORDERS} or None, got {order!r}")
+    enc = storage_encoding(reader, preferred)
+    block = tuple(enc["preferred_chunks"][d] for d in DIMS[:3])
+    data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader, order, block))
     var = xr.Variable(DIMS, data, attrs)
-    var.encoding.update(storage_encoding(reader, preferred, dims_given_sizes(DIMS)))
+    var.encoding.update(enc)
     ds = xr.Dataset({info.type: var}, coords=_coords(scale, info.num_channels))
     ds.attrs = {"type": info.type}
     ds.encoding = {"source": reader.url, "scale_key": scale.key}
@@ -221,16 +251,15 @@ def _dask_target_bytes() -> int:
     return int(parse_bytes(dask.config.get("array.chunk-size")))
 
 
-def storage_encoding(reader: ScaleReader, preferred: str | None = None,
-                     sized: Iterable[str] = ()) -> dict[str, Any]:
-    """What goes to a variable's `.encoding`. `sized`: dims whose dask chunk sizes the caller
-    gave; their preferred chunk is the storage chunk, which xarray then warns about splitting
-    (our default blocks would make it warn about sizes that split no stored chunk)."""
+def storage_encoding(reader: ScaleReader, preferred: str | None = None) -> dict[str, Any]:
+    """What goes to a variable's `.encoding`. `preferred_chunks` is `preferred_chunk_shape`: what
+    `chunks={}` follows, and what xarray checks sizes given in `chunks=` against (it warns where
+    they split one; with the default blocks that includes sizes that split no storage chunk, so
+    pass `preferred_chunks="chunk"` to have them checked against the storage chunks)."""
     info, scale = reader.info, reader.scale_info
     block = preferred_chunk_shape(reader, preferred)
-    preferred_xyz = [c if d in sized else b for d, b, c in zip(DIMS, block, reader.chunk_size)]
     enc: dict[str, Any] = {
-        "preferred_chunks": dict(zip(DIMS, (*preferred_xyz, info.num_channels))),
+        "preferred_chunks": dict(zip(DIMS, (*block, info.num_channels))),
         "dtype": reader.dtype,
         "source": reader.url,
         "scale_key": scale.key,
@@ -270,14 +299,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
-                               "preferred_chunks",
+                               "preferred_chunks", "order",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
                      fill_missing: bool = True, storage_options: dict | None = None,
                      chunk_size_index: int = 0, info: Any = None,
                      drop_variables: str | Iterable[str] | None = None,
-                     preferred_chunks: str | None = None,
+                     preferred_chunks: str | None = None, order: str | None = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -285,26 +314,31 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         `preferred_chunks` is what `chunks={}` follows: "block" (the default: shard-aligned
         blocks where shards are boxes, storage chunks grouped elsewhere, at most dask's target
         size, 16 MiB locally), "shard" (shard-aligned blocks, else storage chunks) or "chunk".
-        The decoding arguments are accepted for xarray's sake and change nothing."""
+        xarray checks sizes given in `chunks=` against it and warns where they split one: pass
+        `preferred_chunks="chunk"` with sizes of your own, so they are checked against the
+        storage chunks. `order` is the memory order of what reads return: "F" (the stored
+        order), "C", or None (the default: C for a read of exactly one preferred block, which is
+        what each dask task of `chunks={}` reads, since dask assembles results in C order; F for
+        every other read, `.values` included). xarray does not tell engines about `chunks=`, so
+        neither depends on it. The decoding arguments are accepted for xarray's sake and change
+        nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
         vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
         which = pick_scale(scale, group, len(vol.info.scales))
-        ds = drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
-                                preferred_chunks), drop_variables)
-        warn_if_huge([ds])
-        return ds
+        return drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
+                                  preferred_chunks, order), drop_variables)
 
     def open_groups_as_dict(self, filename_or_obj, *, group: str | None = None,
                             fill_missing: bool = True, storage_options: dict | None = None,
                             info: Any = None, drop_variables: str | Iterable[str] | None = None,
-                            preferred_chunks: str | None = None,
+                            preferred_chunks: str | None = None, order: str | None = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
                             decode_coords: Any = None) -> dict[str, xr.Dataset]:
         """The root `/` (volume-wide attrs) and one group `/s<k>` per scale; `group=` re-roots the
-        tree there, as xarray defines it."""
+        tree there, as xarray defines it. `preferred_chunks` and `order` as for open_dataset."""
         vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
         root = xr.Dataset(attrs={
             "type": vol.info.type, "data_type": vol.info.data_type,
@@ -313,23 +347,22 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         })
         root.encoding = {"source": vol.url}
         groups = scale_groups(root, range(len(vol.info.scales)),
-                              lambda k: scale_dataset(vol.scale(k), preferred_chunks),
+                              lambda k: scale_dataset(vol.scale(k), preferred_chunks, order),
                               n_scales=len(vol.info.scales),
                               group=group, drop_variables=drop_variables)
-        warn_if_huge(groups.values())
         return groups
 
     def open_datatree(self, filename_or_obj, *, group: str | None = None,
                       fill_missing: bool = True, storage_options: dict | None = None,
                       info: Any = None, drop_variables: str | Iterable[str] | None = None,
-                      preferred_chunks: str | None = None,
+                      preferred_chunks: str | None = None, order: str | None = None,
                       mask_and_scale: Any = None, decode_times: Any = None,
                       decode_timedelta: Any = None, use_cftime: Any = None,
                       concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
         return xr.DataTree.from_dict(self.open_groups_as_dict(
             filename_or_obj, group=group, fill_missing=fill_missing,
             storage_options=storage_options, info=info, drop_variables=drop_variables,
-            preferred_chunks=preferred_chunks))
+            preferred_chunks=preferred_chunks, order=order))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

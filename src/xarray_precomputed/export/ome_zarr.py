@@ -79,24 +79,28 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         shard object) or "size".
     progress: a progress bar on stderr; default only when stderr is a terminal.
     scheduler / num_workers: passed to `dask.compute` (default: dask's current scheduler, a
-        distributed Client when one is active). One task writes one whole shard: from a whole
-        precomputed scale it streams the stored chunks (a few batches of them in memory, the
-        shard written to a local store while it is encoded); from other input it reads one
+        distributed Client when one is active). One task writes one whole shard: from a
+        precomputed volume given by its URL, each scale whose chunk is the inner chunk streams
+        its stored chunks (a few batches of them in memory, the shard written to a local store
+        while it is encoded); from other input (a Dataset or DataTree handed in, whose values
+        may differ from what is stored) it reads one
         inner-chunk column (along x) at a time and holds at most two such columns plus the
         shard's compressed bytes.
     """
     import dask
     import zarr
-    from dask.base import named_schedulers
 
     t0 = time.perf_counter()
     if verify not in ("checksum", "size"):
         raise ExportError(f"verify must be 'checksum' or 'size', got {verify!r}")
+    own_volume = None  # the precomputed volume opened here, whose stored chunks may stream
     if isinstance(obj, (str, os.PathLike)):
         import xarray as xr
 
         url = os.fspath(obj)
         obj = xr.open_datatree(url, engine=_engine(engine), **(open_kwargs or {}))
+        if engine == "precomputed":
+            own_volume = _open_own_volume(url, open_kwargs or {})
         if name is None:
             name = url.rstrip("/").rsplit("/", 1)[-1]
     if isinstance(scales, (int, np.integer, str)):
@@ -165,6 +169,9 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     prefix = f"xp-shard-{uuid.uuid4().hex}"
     dask_sources = {s.name: _dask_blocks(s) for s, _ in states
                     if s.var is not None and s.var.chunks is not None}
+    readers = {s.name: None if s.name in dask_sources else stored_chunk_reader(s, own_volume)
+               for s, _ in states}
+    local = _local_scheduler(scheduler)
     try:
         for start in range(0, len(pending), _BATCH):
             batch = pending[start:start + _BATCH]
@@ -176,19 +183,20 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
                     # task inputs); a lazily indexed one pickles small (URL + info).
                     light = replace(s, var=None) if s.name in dask_sources else s
                     shared[s.name] = (dask.delayed(st, pure=False, traverse=False),
-                                      dask.delayed(light, pure=False, traverse=False))
-                st_d, s_d = shared[s.name]
+                                      dask.delayed(light, pure=False, traverse=False),
+                                      dask.delayed(readers[s.name], pure=False, traverse=False))
+                st_d, s_d, r_d = shared[s.name]
                 block = None
                 if s.name in dask_sources:
                     gzyx = coords[1:] if s.has_c else coords
                     block = dask_sources[s.name][tuple(gzyx[::-1]) + (0,)]
                 tasks.append(dask.delayed(_write_shard, pure=False)(
-                    st_d, s_d, tuple(coords), block, dask_key_name=f"{prefix}-{start + i}"))
+                    st_d, s_d, tuple(coords), block, r_d, dask_key_name=f"{prefix}-{start + i}"))
             kw: dict[str, Any] = {}
-            if isinstance(scheduler, str) and scheduler.lower() in named_schedulers:
+            if local is not None:
                 # the scheduler function itself: dask would import distributed (~0.4 s) only
                 # to look for a Client that a named local scheduler does not use
-                kw["scheduler"] = named_schedulers[scheduler.lower()]
+                kw["scheduler"] = local
             elif scheduler is not None:
                 kw["scheduler"] = scheduler
             if num_workers is not None:
@@ -224,9 +232,42 @@ def _engine(engine: Any) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
-def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> tuple:
-    """Write one whole shard, from `block` (its XYZC data) or read from the source one chunk
-    column at a time; record its size and checksum in a marker."""
+def _local_scheduler(scheduler: Any) -> Any:
+    """The `get` function of dask's local scheduler that `scheduler` names (the names
+    `dask.compute(scheduler=...)` documents), or None."""
+    if not isinstance(scheduler, str):
+        return None
+    name = scheduler.lower()
+    if name in ("threads", "threading"):
+        import dask.threaded
+
+        return dask.threaded.get
+    if name in ("processes", "multiprocessing"):
+        import dask.multiprocessing
+
+        return dask.multiprocessing.get
+    if name in ("sync", "synchronous", "single-threaded"):
+        import dask.local
+
+        return dask.local.get_sync
+    return None
+
+
+def _open_own_volume(url: str, open_kwargs: dict) -> Any:
+    """The precomputed volume at `url`, opened with the arguments the exporter's datatree was
+    opened with (see `chunk_source.stored_chunk_reader`)."""
+    from ..reading.volume import Volume
+
+    info = open_kwargs.get("info")
+    return Volume.open(url, storage_options=open_kwargs.get("storage_options"),
+                       fill_missing=bool(open_kwargs.get("fill_missing", True)), info=info)
+
+
+def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block,
+                 reader: Any = None) -> tuple:
+    """Write one whole shard, from `block` (its XYZC data), from `reader`'s stored chunks (the
+    scale, whole and unchanged, of a volume the exporter opened), or read from the variable one
+    chunk column at a time; record its size and checksum in a marker."""
     region = scale.region(coords)
     expected = tuple(r.stop - r.start for r in region)
     cx = scale.chunk_xyz[0]
@@ -246,8 +287,7 @@ def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block) -> t
             yield ix, slab
 
     shard = state.shard_sp(coords)
-    reader = stored_chunk_reader(scale) if block is None else None
-    if reader is not None:
+    if block is None and reader is not None:
         sink = state.sink(coords)
         try:
             stored = state.encoder.encode_chunks(scale, region, reader, sink)
