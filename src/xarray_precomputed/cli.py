@@ -228,9 +228,7 @@ def cmd_info(args) -> int:
 
 # ----------------------------------------------------------------------------- convert
 
-def _open_source(args, engine: str):
-    import xarray as xr
-
+def _source_kwargs(args, engine: str) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if args.storage_options:
         kw["storage_options"] = args.storage_options
@@ -240,7 +238,13 @@ def _open_source(args, engine: str):
         kw["labels"] = args.labels
     if not args.fill_missing:
         kw["fill_missing"] = False
-    return xr.open_datatree(args.src, engine=engine, **kw)
+    return kw
+
+
+def _open_source(args, engine: str):
+    import xarray as xr
+
+    return xr.open_datatree(args.src, engine=engine, **_source_kwargs(args, engine))
 
 
 def _missing_line(url: str, before: int, scheduler: str | None) -> str:
@@ -323,14 +327,15 @@ def cmd_convert(args) -> int:
     from .storage import strip_scheme_prefix
 
     engine = args.engine or _guess_engine(args.src)
-    tree = _open_source(args, engine)
     src_url = strip_scheme_prefix(args.src)  # as the readers name it
     before = filled_chunks(src_url)
     if args.to == "zarr":
         from .export.ome_zarr import to_ome_zarr
 
+        # by URL: the exporter opens the source itself, so it may stream the stored chunks
         report = to_ome_zarr(
-            tree, args.dst, scales=args.scale, shard_shape=args.shard_shape,
+            args.src, args.dst, engine=engine, open_kwargs=_source_kwargs(args, engine),
+            scales=args.scale, shard_shape=args.shard_shape,
             max_shard_bytes=args.max_shard_bytes, compressor=args.compressor, level=args.level,
             overwrite=args.overwrite, verify=args.verify, progress=args.progress,
             scheduler=args.scheduler, num_workers=args.workers,
@@ -342,6 +347,7 @@ def cmd_convert(args) -> int:
     from .export.ome_zarr import scale_matches
     from .writing.precomputed import to_precomputed
 
+    tree = _open_source(args, engine)
     obj = tree
     if args.scale is not None:
 
