@@ -34,7 +34,7 @@ REQUIRE = _flag("XARRAY_PRECOMPUTED_REQUIRE_EXTENSIONS")
 
 # Flags per compiler family: GCC/Clang take the first, MSVC the second.
 GCC_FLAGS = ["-O3", "-std=c99", "-Wall"]
-MSVC_FLAGS = ["/O2"]
+MSVC_FLAGS = ["/O2", "/std:c11"]  # C11: inline, declarations after statements
 GCC_ONLY_EXTRA = {"-Wno-unused-function"}
 
 ZLIB_PROBE = "#include <zlib.h>\nint main(void) { return zlibVersion() == 0; }\n"

@@ -379,8 +379,11 @@ static int encode(const input_t *in, uint32_t **out, int64_t *nout)
     if (values.n)
         memcpy(all + tables_end, values.w, (size_t)values.n * sizeof(uint32_t));
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    for (int64_t i = 0; i < total; i++)
-        all[i] = __builtin_bswap32(all[i]);
+    /* words are stored little-endian (plain shifts: no compiler builtin needed) */
+    for (int64_t i = 0; i < total; i++) {
+        const uint32_t v = all[i];
+        all[i] = (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
+    }
 #endif
     *out = all;
     *nout = total;

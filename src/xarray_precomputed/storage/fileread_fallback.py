@@ -39,9 +39,9 @@ def read_file(path, buffer) -> int:
 
 
 def _named(e: OSError, path) -> OSError:
-    """The error as the C reader raises it: its errno's OSError subclass, the path (as the
-    file system's bytes) for filename."""
-    return OSError(e.errno, e.strerror, os.fsencode(path))
+    """The error as the C reader raises it: its errno's OSError subclass, the path for filename
+    (POSIX: as the file system's bytes)."""
+    return OSError(e.errno, e.strerror, os.fsdecode(path) if os.name == "nt" else os.fsencode(path))
 
 
 def _read_open(fd: int, view: memoryview) -> int:
