@@ -112,7 +112,10 @@ def test_numpy_reader_loads_no_xarray(tmp_path):
 ROOT = PKG.parents[1]
 
 
-@pytest.mark.parametrize("tool", [["ruff", "check", "src"], ["mypy", "src"]], ids=["ruff", "mypy"])
+# mypy takes ~2 minutes: CI runs it (`-m slow_ci`), the default run leaves it out
+@pytest.mark.parametrize("tool", [["ruff", "check", "src"],
+                                  pytest.param(["mypy", "src"], marks=pytest.mark.slow_ci)],
+                         ids=["ruff", "mypy"])
 def test_src_is_lint_and_type_clean(tool):
     exe = shutil.which(tool[0]) or str(Path(sys.executable).parent / tool[0])
     out = subprocess.run([exe, *tool[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -23,6 +23,7 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import xarray_precomputed
 
@@ -90,6 +91,7 @@ def _reports(logs: Path) -> str:
     return "\n".join(p.read_text(errors="replace")[:6000] for p in sorted(logs.iterdir()))
 
 
+@pytest.mark.slow_ci  # minutes: CI runs it (`-m slow_ci`), the default run leaves it out
 def test_c_extensions_under_sanitizers(tmp_path):
     built = _sanitized_copy(tmp_path)
     # every extension the installed package has (setup.py's list, built beside its source by
@@ -122,7 +124,9 @@ def test_c_extensions_under_sanitizers(tmp_path):
         p.unlink()
 
     run = subprocess.run(
+        # -m "": every test of those files, the slow_ci fuzz included
         _command(sys.executable, "-m", "pytest", "-q", "-rs", "-n", "2", "-p", "no:cacheprovider",
+                 "-m", "",
                  *(str(HERE / t) for t in UNDER_SANITIZERS)),
         env=env, capture_output=True, text=True, timeout=1500, cwd=HERE.parent)
     found = _reports(logs)

@@ -313,16 +313,20 @@ def _check_summary(res: dict, n: int) -> None:
     assert res["errors"] > 0 and res["results"] > 0, f"the mutations should hit both outcomes: {res}"
 
 
+# The fuzz loops (minutes) run in CI (`-m slow_ci`); the guards above run by default.
+@pytest.mark.slow_ci
 def test_fuzz_info_documents(bases):
     res = _run_child("info", bases, CASES["info"])
     _check_summary(res, CASES["info"])
 
 
+@pytest.mark.slow_ci
 def test_fuzz_shard_files(bases):
     res = _run_child("shard", bases, CASES["shard"])
     _check_summary(res, CASES["shard"])
 
 
+@pytest.mark.slow_ci
 @pytest.mark.parametrize("encoding", CHUNK_ENCODINGS)
 def test_fuzz_chunks(bases, encoding):
     res = _run_child("chunk", bases, CASES["chunk"], encoding)
