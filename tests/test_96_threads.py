@@ -359,18 +359,34 @@ def _a_missing_chunk_fails_and_leaves_no_read_running(path) -> None:
         moved.rename(first)
     assert base.running_reads.count == 0
 
+def _wrap_decoders(monkeypatch, around):
+    """Every decode, one chunk at a time or a batch of chunks in C, run as `around(call)`."""
+    import types
+
+    from xarray_precomputed.reading import batched, volume
+
+    decode = volume.ScaleReader._decode
+    monkeypatch.setattr(volume.ScaleReader, "_decode",
+                        lambda self, *a, **kw: around(lambda: decode(self, *a, **kw)))
+    native = batched._batch
+    if native is not None:
+        def wrap(fn):
+            return lambda *a: around(lambda: fn(*a))
+
+        monkeypatch.setattr(batched, "_batch", types.SimpleNamespace(
+            ChunkDataError=native.ChunkDataError, decode_chunks=wrap(native.decode_chunks),
+            read_chunk_files=wrap(native.read_chunk_files)))
+
+
 def _decoding_threads(monkeypatch):
     """The names of the threads that decoded chunks, as they decode."""
-    from xarray_precomputed.reading import volume
-
     names: list[str] = []
-    decode = volume.ScaleReader._decode
 
-    def spy(self, *args, **kw):
+    def spy(call):
         names.append(threading.current_thread().name)
-        return decode(self, *args, **kw)
+        return call()
 
-    monkeypatch.setattr(volume.ScaleReader, "_decode", spy)
+    _wrap_decoders(monkeypatch, spy)
     return names
 
 
@@ -406,27 +422,26 @@ def test_a_lone_read_reads_as_many_chunks_at_once_as_there_are_cores(volumes, mo
     same voxels, and a failure still raised with the count of running reads back at 0."""
     import time
 
-    from xarray_precomputed.reading import base, volume
+    from xarray_precomputed.reading import base
 
     root, truth = volumes
     name = "raw_f32_unsharded"
     monkeypatch.setattr(base, "running_reads", base._RunningReads(cores=cores))
     lock, now, most = threading.Lock(), [0], [0]
-    decode = volume.ScaleReader._decode
 
-    def slow(self, *args, **kw):
+    def slow(call):
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
         time.sleep(0.002)   # long enough for every running task to overlap
         try:
-            return decode(self, *args, **kw)
+            return call()
         finally:
             with lock:
                 now[0] -= 1
 
-    monkeypatch.setattr(volume.ScaleReader, "_decode", slow)
-    assert util.cpu_pool()._max_workers > cores
+    _wrap_decoders(monkeypatch, slow)
+    assert util.cpu_pool_size() > cores
     np.testing.assert_array_equal(Volume.open(str(root / name)).scale(0).read(), truth[name])
     assert most[0] == cores
 

@@ -129,6 +129,11 @@ class ForkSafePool:
         self._lock = threading.Lock()
         self._pool, self._pid = None, None
 
+    @property
+    def size(self) -> int:
+        """How many threads the pool has (or will have, once made)."""
+        return self._workers()
+
     def get(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
@@ -145,6 +150,11 @@ _io = ForkSafePool(lambda: IO_THREADS, "xarray-precomputed-io")
 def cpu_pool() -> ThreadPoolExecutor:
     """The decode (and local I/O) pool of this process, shared by every reader."""
     return _cpu.get()
+
+
+def cpu_pool_size() -> int:
+    """How many threads cpu_pool() has."""
+    return _cpu.size
 
 
 def io_pool() -> ThreadPoolExecutor:

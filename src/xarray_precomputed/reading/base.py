@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import MissingChunkError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
-from ..util import IO_THREADS, cpu_pool, io_pool, settle, wait_all
+from ..util import IO_THREADS, cpu_pool, cpu_pool_size, io_pool, settle, wait_all
 from .missing import record_filled
 from .result_memory import ResultMemory
 from .selection import (
@@ -292,7 +292,7 @@ class ChunkedScaleReader(ABC):
         chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
         per = min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes))
         if spread:
-            per = min(per, -(-n // cpu_pool()._max_workers))
+            per = min(per, -(-n // cpu_pool_size()))
         return max(1, per)
 
     def _read(self, sel: list, order: str = "C") -> np.ndarray:
@@ -302,20 +302,30 @@ class ChunkedScaleReader(ABC):
                                       order)
         if out.size == 0:
             return out
-        parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
-        jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
-        cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
         with running_reads.running() as crowded:
+            if self._read_batched(sel, out, zeroed, inline=crowded):
+                return out
+            parts = [axis_parts(s, c) for s, c in zip(sel, self.chunk_size)]
+            jobs = [(px, py, pz) for px in parts[0] for py in parts[1] for pz in parts[2]]
+            cells = np.array([[p.cell for p in job] for job in jobs], dtype=np.int64)
             self._fan_out(cells, jobs, out, zeroed, inline=crowded)
         return out
+
+    def _read_batched(self, sel: list, out: np.ndarray, zeroed: bool, *, inline: bool) -> bool:
+        """Read the selection into `out` with Python per batch of chunks, not per chunk, where
+        this reader can (True); False leaves it to the per-chunk path."""
+        return False
+
+    def _stream(self, out: np.ndarray) -> bool:
+        """Whether decoders write `out` with streaming stores."""
+        return out.nbytes >= (STREAM_RESULT_BYTES if self.streams_blocks else LARGE_RESULT_BYTES)
 
     def _place(self, data, cell, job, out: np.ndarray, name) -> None:
         shape = self._cell_shape(cell)
         if all(isinstance(p.dest, slice) for p in job):
             view = out[job[0].dest, job[1].dest, job[2].dest]
-            least = STREAM_RESULT_BYTES if self.streams_blocks else LARGE_RESULT_BYTES
             self._decode(data, view, origin=tuple(p.local.start for p in job), chunk_shape=shape,
-                         chunk=name, stream=out.nbytes >= least)
+                         chunk=name, stream=self._stream(out))
             return
         lo_hi = [part_bounds(p.local) for p in job]
         tmp = np.empty((*(hi - lo for lo, hi in lo_hi), self.info.num_channels), dtype=self.dtype)
@@ -388,7 +398,7 @@ class ChunkedScaleReader(ABC):
         # With enough groups to keep every worker busy (or groups of one chunk), each task fetches
         # and decodes its group; otherwise (a read inside one or two shards) the chunks of a
         # group decode in parallel.
-        if len(groups) >= pool._max_workers or all(len(m) == 1 for _, m in groups):
+        if len(groups) >= cpu_pool_size() or all(len(m) == 1 for _, m in groups):
             # As many groups at once as there are cores, each pool task taking the next group
             # until none is left: the pool has twice as many threads (for the reads that wait on
             # a disk or a network), and four threads at once on two cores, reading chunk files

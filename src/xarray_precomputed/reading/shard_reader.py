@@ -97,6 +97,10 @@ class ShardReader:
         shard_form_cache.put(ck, "split", 64)
         return out
 
+    def read_file_ranges(self, shard: int, ranges) -> list | None:
+        """Absolute byte ranges of shard `shard`, whichever form its file has; None if absent."""
+        return self._read_file_ranges(shard, ranges)
+
     def shard_name(self, shard: int) -> str:
         return self.store.describe(self._key(shard_filename(shard, self.spec)))
 

@@ -22,7 +22,7 @@ from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
-from ..util import cpu_pool
+from ..util import cpu_pool, cpu_pool_size
 from .base import (
     REMOTE_BATCH_BYTES,
     REMOTE_IN_FLIGHT,
@@ -33,6 +33,7 @@ from .base import (
     pipeline,
     running_reads,
 )
+from . import batched
 from .missing import record_filled
 from .shard_reader import ShardReader, positions_by_value
 
@@ -282,7 +283,7 @@ class ScaleReader(ChunkedScaleReader):
         per = self._remote_batch(len(cells), spread=False)
         if not self.store.batches_reads:
             # enough batches for every decode thread, twice over
-            per = max(1, min(per, -(-len(cells) // (2 * cpu_pool()._max_workers))))
+            per = max(1, min(per, -(-len(cells) // (2 * cpu_pool_size()))))
         sharding = self.scale_info.sharding
         batches: list[tuple[Any, np.ndarray]] = []
         if sharding is None:
@@ -363,8 +364,32 @@ class ScaleReader(ChunkedScaleReader):
         in_flight = REMOTE_IN_FLIGHT
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
         # seconds of a conversion, seg and em), and a batch still spreads over every worker.
-        part = max(1, per // (2 * cpu_pool()._max_workers))
+        part = max(1, per // (2 * cpu_pool_size()))
         pipeline(batches, fetch, decode, in_flight=in_flight, part=part)
+
+    def _read_batched(self, sel, out, zeroed, *, inline) -> bool:
+        if not batched.usable(self, sel, out):
+            return False
+        batched.read_box(self, sel, out, zeroed, self._stream(out), inline)
+        return True
+
+    def _read_cells_one_by_one(self, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
+                               zeroed: bool, stream: bool) -> None:
+        """Unsharded chunks the batched path left: each read through the store (which finds a
+        file stored compressed beside its key) and decoded. `geom` rows as in batched.py."""
+        for cell, g in zip(cells, geom.tolist()):
+            view = out[tuple(slice(d, d + e) for d, e in zip(g[0:3], g[6:9]))]
+            blob = self.store.read(self._unsharded_key(cell), limit=self._max_stored_bytes())
+            if blob is None:
+                if not self.fill_missing:
+                    raise MissingChunkError("is missing (fill_missing=False)",
+                                            chunk=self._describe_missing(cell))
+                record_filled(self.url)
+                if not zeroed:
+                    view[...] = 0
+                continue
+            self._decode(blob, view, origin=tuple(g[3:6]), chunk_shape=tuple(g[9:12]),
+                         chunk=Lazy(self._describe_unsharded, cell), stream=stream)
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,

@@ -70,6 +70,24 @@ class LocalStore(Store):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key) if key else self.root
 
+    def file_path(self, key: str) -> str:
+        """The path of the plain file that holds `key`."""
+        return self._path(key)
+
+    def folder_form(self, folder: str) -> str | None:
+        """The suffix of the files in `folder` ("" for plain ones), None until one was found."""
+        return self._forms.get(folder)
+
+    def found_plain(self, folder: str) -> None:
+        """A plain file of `folder` was read without the store (see folder_form)."""
+        if self._forms.get(folder) is None:
+            self._learn(folder, "")
+
+    def failure(self, e: OSError) -> StorageError:
+        """The error for an OS failure reading the file `e.filename`."""
+        cls = PermissionDeniedError if e.errno in (errno.EACCES, errno.EPERM) else StorageError
+        return cls(f"{e.strerror or e}", url=str(e.filename))
+
     def _fail(self, key: str, e: OSError) -> StorageError:
         cls = PermissionDeniedError if e.errno in (errno.EACCES, errno.EPERM) else StorageError
         return cls(f"{e.strerror or e}", url=self.describe(key))
