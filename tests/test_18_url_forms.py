@@ -109,17 +109,15 @@ def test_s3_without_credentials_reads_a_public_bucket_anonymously(served, tmp_pa
         opts = {"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": servers.S3_REGION}}
         got = Volume.open("s3://xp-nocred-public/t/vol/", storage_options=opts).scale(0).read()
         np.testing.assert_array_equal(got, data)
-        with pytest.raises(PermissionDeniedError):
+        with pytest.raises(PermissionDeniedError, match="no AWS credentials were found"):
             Volume.open("s3://xp-nocred-private/t/vol", storage_options=opts)
 
 
 def _without_gcs_credentials(monkeypatch, tmp_path):
-    import gcsfs.credentials
-
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GCE_METADATA_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    monkeypatch.setattr(gcsfs.credentials, "tfile", str(tmp_path / "gcs_tokens"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.gcs_tokens, gcsfs's token cache
 
 
 def test_gs_without_credentials_reads_anonymously_without_probing(served, tmp_path, monkeypatch):
@@ -138,6 +136,21 @@ def test_gs_without_credentials_reads_anonymously_without_probing(served, tmp_pa
         assert store.fs.credentials.token == "anon" and store.fs.credentials.credentials is None
         got = Volume.open("gs://xp-nocred/t/vol/", storage_options=gcs.options()).scale(0).read()
         np.testing.assert_array_equal(got, data)
+
+
+def test_gs_anonymous_refusal_says_how_to_pass_credentials(tmp_path, monkeypatch):
+    """Read anonymously because nothing was found, a refusal names the way out (a Google Cloud
+    machine's service account is not probed for: token="google_default" asks for it)."""
+    from xarray_precomputed.storage.fsspec_store import FsspecStore, _has_gcs_credentials
+
+    _without_gcs_credentials(monkeypatch, tmp_path)
+    store = open_store("gs://xp-anon-bucket/vol", {"endpoint_url": "http://127.0.0.1:9"})
+    assert isinstance(store, FsspecStore) and store.fs.credentials.token == "anon"
+    err = store._fail("info", PermissionError("HTTP 403 for gs://xp-anon-bucket/vol/info"))
+    assert isinstance(err, PermissionDeniedError) and "'token': 'google_default'" in str(err)
+    assert not _has_gcs_credentials({})
+    (tmp_path / ".gcs_tokens").write_bytes(b"")  # gcsfs's token cache: credentials exist
+    assert _has_gcs_credentials({})
 
 
 def test_gs_with_credentials_uses_them(tmp_path, monkeypatch):

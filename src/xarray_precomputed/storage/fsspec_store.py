@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 from ..errors import DependencyError, PermissionDeniedError, StorageError
 from .base import Store, coalesce, request_counts, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response, too_large
+from .cloud_clients import GcsMedia, s3_get
 from .encoded_objects import EncodedAnswer, EncodedObjects
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .retry import retry_each, status_of, with_retries
@@ -35,12 +36,22 @@ class FsspecStore(Store):
             client = dict(options.get("client_kwargs") or {})
             client.setdefault("auto_decompress", False)
             options["client_kwargs"] = client
+        # Why a refusal may be ours: no credentials were found, so the read went anonymous.
+        self._anonymous_hint = ""
         if scheme == "s3" and not _has_s3_credentials(options):
             options["anon"] = True  # a public bucket, read as a browser would
+            self._anonymous_hint = (
+                "; no AWS credentials were found, so the read was unsigned: pass "
+                "storage_options={'profile': ...} or {'key': ..., 'secret': ...}")
         if scheme in ("gs", "gcs") and not _has_gcs_credentials(options):
             # Without this gcsfs also ends anonymous, but only after probing for a metadata
             # server (14 s measured here, off Google Cloud).
             options["token"] = "anon"
+            self._anonymous_hint = (
+                "; no Google credentials were found (GOOGLE_APPLICATION_CREDENTIALS, gcloud's "
+                "application-default login), so the read was anonymous: on a Google Cloud "
+                "machine pass storage_options={'token': 'google_default'} to use its service "
+                "account")
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **options)
         except ImportError as e:
@@ -62,6 +73,7 @@ class FsspecStore(Store):
                               "s3": self._s3_range, "s3a": self._s3_range,
                               "gs": self._gcs_range, "gcs": self._gcs_range}.get(protocol)
         self._encoded = EncodedObjects(self.url)
+        self._gcs = GcsMedia(self.fs)  # its session is made on first use
         # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
         # A later answer of exactly that size to a range that starts past byte 0 is the whole
         # object again (a real partial answer is shorter) and is sliced too. Bounded.
@@ -75,7 +87,8 @@ class FsspecStore(Store):
             return e
         status = status_of(e)
         if isinstance(e, PermissionError) or status in (401, 403):
-            return PermissionDeniedError(f"access refused ({status or e})", url=self.describe(key))
+            return PermissionDeniedError(f"access refused ({status or e}){self._anonymous_hint}",
+                                         url=self.describe(key))
         return StorageError(f"{type(e).__name__}: {e}", url=self.describe(key))
 
     def read(self, key: str, *, limit: int | None = None) -> bytes | None:
@@ -200,72 +213,34 @@ class FsspecStore(Store):
             return EncodedAnswer(enc)
         return body  # a whole object (Range ignored) is sliced by read_ranges
 
+    # S3 and GCS: the object asked for through the file system's client (cloud_clients).
     async def _s3_get(self, path: str, bound: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
-        bucket, key, version = self.fs.split_path(path)
-        extra = {"VersionId": version} if version else {}
-        resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
-        data = await _s3_body(resp, bound, f"s3://{path}")
-        return data, resp.get("ContentEncoding") or ""
+        return await s3_get(self.fs, path, bound=bound)
 
     async def _s3_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
         if end <= start:
             return b""
-        bucket, key, version = self.fs.split_path(path)
-        extra = {"VersionId": version} if version else {}
         try:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                          Range=f"bytes={start}-{end - 1}", **extra)
+            data, enc = await s3_get(self.fs, path, start, end)
         except OSError as e:
             if e.errno == errno.EINVAL and "range" in str(e).lower():
                 return b""  # InvalidRange: the range starts past the end
             raise
-        data = await _s3_body(resp, end - start, f"s3://{path}")
-        if is_encoded(resp.get("ContentEncoding")):
-            return EncodedAnswer(resp["ContentEncoding"])
+        if is_encoded(enc):
+            return EncodedAnswer(enc)
         return data
 
-    async def _gcs_request(self, path: str, start: int | None = None, end: int | None = None,
-                           bound: int = MAX_BODY_BYTES):
-        """(status, body, Content-Encoding) of a GET of the object's media through gcsfs's
-        session and credentials, with aiohttp's own decompression off: GCS serves an object
-        stored with a Content-Encoding as stored to a client that accepts that coding (ranges
-        then apply to the encoded bytes), and decodes gzip itself for one that does not
-        (decompressive transcoding, which ignores Range). Accepting every coding we can undo,
-        the body is decoded here, once, within a bound; whatever GCS did is told by the answer's
-        Content-Encoding."""
-        fs = self.fs
-        await fs._set_session()
-        headers = {"Accept-Encoding": accepted_encodings()}
-        if start is not None:
-            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        async with fs.session.get(fs.url(path), params=fs._get_params({}),
-                                  headers=fs._get_headers(headers), auto_decompress=False,
-                                  timeout=fs.requests_timeout) as r:
-            if r.status == 206 and end is not None and start is not None:
-                bound = end - start
-            elif start is not None:  # a whole answer to a range
-                bound = MAX_BODY_BYTES
-            body = await read_response(r, bound, f"gs://{path}")
-            status, enc = r.status, r.headers.get("Content-Encoding", "")
-        if status == 416 and start is not None:
-            return status, b"", ""
-        if status in (401, 403):
-            raise PermissionError(f"HTTP {status} for gs://{path}")
-        if status >= 400:
-            from gcsfs.retry import validate_response
-
-            validate_response(status, body, path)  # FileNotFoundError, or an error with .code
-            raise StorageError(f"HTTP {status}", url=f"gs://{path}")
-        return status, body, enc
-
     async def _gcs_get(self, path: str, bound: int = MAX_BODY_BYTES) -> tuple[bytes, str]:
-        _, body, enc = await self._gcs_request(path, bound=bound)
+        # Accepting every coding we can undo, the body is decoded here, once, within a bound:
+        # GCS serves an object stored with a Content-Encoding as stored to a client that accepts
+        # it, and decodes gzip itself for one that does not (decompressive transcoding).
+        _, body, enc = await self._gcs.get(path, bound=bound, accept=accepted_encodings())
         return body, enc
 
     async def _gcs_range(self, path: str, start: int, end: int) -> bytes | EncodedAnswer:
         if end <= start:
             return b""
-        status, body, enc = await self._gcs_request(path, start, end)
+        status, body, enc = await self._gcs.get(path, start, end, accept=accepted_encodings())
         if is_encoded(enc):
             return EncodedAnswer(enc)
         if status == 200:  # the whole object (a transcoded answer ignores Range)
@@ -381,10 +356,16 @@ class FsspecStore(Store):
 _GCS_CREDENTIAL_OPTIONS = ("token",)
 
 
+# Where gcsfs keeps the tokens of its browser login (token="cache").
+_GCSFS_TOKEN_CACHE = os.path.join("~", ".gcs_tokens")
+
+
 def _has_gcs_credentials(options: dict) -> bool:
     """Whether a GCS read can be authorised, judged without a request: a token in the options,
-    a key file named by GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default
-    credentials, gcsfs's own token cache, or a Google Cloud machine (its metadata server)."""
+    a key file named by GOOGLE_APPLICATION_CREDENTIALS, a metadata server named by
+    GCE_METADATA_HOST, gcloud's application-default credentials, or gcsfs's token cache. A
+    Google Cloud machine's own service account is not looked for (that takes a request to its
+    metadata server, 14 s where there is none): pass token="google_default" to use it."""
     if any(k in options for k in _GCS_CREDENTIAL_OPTIONS):
         return True
     if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or os.environ.get("GCE_METADATA_HOST"):
@@ -393,18 +374,7 @@ def _has_gcs_credentials(options: dict) -> bool:
         os.path.expanduser("~"), ".config", "gcloud")
     if os.path.exists(os.path.join(gcloud, "application_default_credentials.json")):
         return True
-    try:
-        from gcsfs import credentials
-    except ImportError:
-        return True  # gcsfs is missing: let it say so
-    if os.path.exists(getattr(credentials, "tfile", "") or
-                      os.path.join(os.path.expanduser("~"), ".gcs_tokens")):
-        return True
-    try:  # what google-auth reads to tell a Google Cloud machine
-        with open("/sys/class/dmi/id/product_name") as f:
-            return f.read().startswith("Google")
-    except OSError:
-        return False
+    return os.path.exists(os.path.expanduser(_GCSFS_TOKEN_CACHE))
 
 
 _S3_CREDENTIAL_OPTIONS = ("anon", "key", "secret", "token", "profile", "session")
@@ -420,18 +390,3 @@ def _has_s3_credentials(options: dict) -> bool:
     except ImportError:
         return True  # s3fs is missing too: let it say so
     return botocore.session.get_session().get_credentials() is not None
-
-
-async def _s3_body(resp: dict, bound: int, where: str) -> bytes:
-    """A get_object answer's body, refused past `bound` bytes by its ContentLength (S3 always
-    sends one; the body is then read to exactly that length)."""
-    length = resp.get("ContentLength")
-    body = resp["Body"]
-    try:
-        if length is None:
-            raise StorageError("the answer has no ContentLength", url=where)
-        if length > bound:
-            raise too_large(length, bound, where)
-        return await body.read()
-    finally:
-        body.close()
