@@ -186,5 +186,11 @@ static struct PyModuleDef cseg_module = {
 PyMODINIT_FUNC PyInit__cseg(void)
 {
     import_array();
-    return PyModule_Create(&cseg_module);
+    PyObject *m = PyModule_Create(&cseg_module);
+#ifdef Py_GIL_DISABLED
+    /* no state shared between calls but the AVX2 switch tests turn: safe without the GIL */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
 }

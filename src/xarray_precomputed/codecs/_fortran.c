@@ -135,5 +135,11 @@ PyMODINIT_FUNC PyInit__fortran(void)
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2");
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#ifdef Py_GIL_DISABLED
+    /* no state shared between calls but the AVX2 switch tests turn: safe without the GIL */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
 }

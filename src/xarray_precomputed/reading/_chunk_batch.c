@@ -726,6 +726,14 @@ PyMODINIT_FUNC PyInit__chunk_batch(void)
         return NULL;
     }
     Py_INCREF(ChunkDataError);
+#ifdef XP_HAVE_ZLIB
+    if (PyModule_AddIntConstant(m, "HAVE_ZLIB", 1) < 0) {
+#else
+    if (PyModule_AddIntConstant(m, "HAVE_ZLIB", 0) < 0) {
+#endif
+        Py_DECREF(m);
+        return NULL;
+    }
 #ifdef Py_GIL_DISABLED
     PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
 #endif

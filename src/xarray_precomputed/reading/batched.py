@@ -68,7 +68,10 @@ def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     store = reader.store
     if not isinstance(store, LocalStore):
         return False
-    if reader.scale_info.sharding is None:
+    sharding = reader.scale_info.sharding
+    if sharding is not None and sharding.data_encoding == "gzip" and not _batch.HAVE_ZLIB:
+        return False  # built without zlib: the per-chunk path inflates
+    if sharding is None:
         # a folder of compressed chunk files (CloudFiles' `.gz`): each is decoded whole by the store
         return store.folder_form(reader.scale_info.path) in (None, "")
     return True
