@@ -57,15 +57,15 @@ def test_every_block_is_run_or_marked():
             assert "Not run by the tests" in before.rstrip().rsplit("\n\n", 1)[-1], code
         if lang == "bash" and not code.lstrip().startswith("xarray-precomputed"):
             assert code.strip() in (
-                'pip install . && python examples/open_volume.py',
-                'pip install -e ".[test]" && python -m pytest -n 2 -q'), code
+                'python -m pip install --upgrade pip && pip install . && python examples/open_volume.py',
+                'python -m pip install --upgrade pip && pip install -e ".[test]" && python -m pytest -n 2 -q'), code
 
 
 def test_setup_commands_are_the_ones_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = README.read_text()
-    for cmd in ('pip install . && python examples/open_volume.py',
-                'pip install -e ".[test]" && python -m pytest -n 2 -q'):
+    for cmd in ('python -m pip install --upgrade pip && pip install . && python examples/open_volume.py',
+                'python -m pip install --upgrade pip && pip install -e ".[test]" && python -m pytest -n 2 -q'):
         assert f"```bash\n{cmd}\n```" in readme, cmd
         assert cmd in ci.replace("pip install -q", "pip install"), cmd
 
