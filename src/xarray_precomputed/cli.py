@@ -111,6 +111,7 @@ def _read_info_arg(info: str | None):
 
 def summarize(vi, present: list[int], url: str, engine: str) -> dict:
     """A JSON-able description of a volume: per scale sizes, chunking, encoding, sharding."""
+    from .codecs.registry import encoding_options
     from .export.ome_zarr import DEFAULT_MAX_SHARD_BYTES, plan_shard
     from .format.sharding import shard_box
 
@@ -132,6 +133,8 @@ def summarize(vi, present: list[int], url: str, engine: str) -> dict:
         }
         if s.compressed_segmentation_block_size is not None:
             d["compressed_segmentation_block_size"] = list(s.compressed_segmentation_block_size)
+        if encoding_options(s):
+            d["encoding_options"] = encoding_options(s)
         if s.sharding is not None:
             box = shard_box(s.sharding, grid)
             if box is not None:
@@ -169,6 +172,8 @@ def format_summary(summary: dict) -> str:
         enc = d["encoding"]
         if "compressed_segmentation_block_size" in d:
             enc += f" (block {_x(d['compressed_segmentation_block_size'])})"
+        if d.get("encoding_options"):
+            enc += " (" + ", ".join(f"{k} {v}" for k, v in d["encoding_options"].items()) + ")"
         lines.append(f"  encoding      {enc}")
         sh = d["sharding"]
         if sh is None:
@@ -368,7 +373,8 @@ def cmd_convert(args) -> int:
                        sharding=args.sharding,
                        compressed_segmentation_block_size=args.cseg_block_size,
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
-                       max_workers=args.workers, progress=written)  # type: ignore[arg-type]
+                       max_workers=args.workers, progress=written,  # type: ignore[arg-type]
+                       encoding_options=args.encoding_options)
     finally:
         written.close_bar()
     print(written.summary(args.dst))
@@ -445,12 +451,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="progress bar on stderr (default: only on a terminal)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     pc = c.add_argument_group("precomputed output (--to precomputed)")
-    pc.add_argument("--encoding", help="raw, compressed_segmentation, jpeg, png, ...")
+    pc.add_argument("--encoding", help="raw, compressed_segmentation, jpeg, png, crackle, fpzip, "
+                                       "kempressed, zfpc")
     pc.add_argument("--chunk-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
     pc.add_argument("--sharding", type=_sharding_arg, metavar="auto|none|JSON",
                     help="default: keep the source's; 'auto' chooses parameters, 'none' writes "
                          "unsharded, or a neuroglancer_uint64_sharded_v1 spec as JSON (or file)")
     pc.add_argument("--cseg-block-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
+    pc.add_argument("--encoding-options", type=_json_arg, default=None, metavar="JSON",
+                    help='the encoding\'s own options, e.g. \'{"zfpc_tolerance": 0.01}\' '
+                         '(zfpc_rate, zfpc_precision, zfpc_correlated_dims, fpzip_precision)')
     c.set_defaults(func=cmd_convert)
     return p
 

@@ -15,6 +15,7 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
+from ..codecs.registry import encoding_options
 from ..errors import ArgumentError
 from ..reading.volume import ScaleReader, Volume
 from .conventions import (
@@ -271,6 +272,7 @@ def storage_encoding(reader: ScaleReader, preferred: str | None = None) -> dict[
     }
     if scale.compressed_segmentation_block_size is not None:
         enc["compressed_segmentation_block_size"] = list(scale.compressed_segmentation_block_size)
+    enc.update(encoding_options(scale))
     return enc
 
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from ..errors import CodecUnavailableError, PrecomputedError, WriterError
 
-__all__ = ["Codec", "CODECS", "get_codec", "register", "supported_encodings",
-           "writable_encodings"]
+__all__ = ["Codec", "CODECS", "encoding_options", "get_codec", "register",
+           "supported_encodings", "writable_encodings"]
 
 
 def _uniform(scale, dtype, num_channels) -> dict:
@@ -127,6 +127,9 @@ class Codec:
                        **{k: options[k] for k in self.encode_options if k in options}))
 
 
+# zfpc's lossy modes (one of tolerance, rate, precision; -1 unset) and the axes compressed together
+ZFPC_OPTIONS = ("zfpc_tolerance", "zfpc_rate", "zfpc_precision", "zfpc_correlated_dims")
+
 # Data type and channel rules are those TensorStore and Neuroglancer enforce (see
 # shared/specs/reference-behaviour.md); jxl's and compresso's follow CloudVolume's writers.
 CODECS: dict[str, Codec] = {c.name: c for c in (
@@ -142,6 +145,17 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("jxl", "jxl", ("uint8",), (1, 3, 4), package="imagecodecs", extra="jxl"),
     Codec("compresso", "compresso", ("uint8", "uint16", "uint32", "uint64"), (1,),
           package="compresso", extra="compresso"),
+    # CloudVolume's own encodings (TensorStore reads none): CloudVolume is the reference, and its
+    # writer's choices are followed -- crackle chunks gzip-compressed in shards, the float ones not
+    Codec("crackle", "crackle", ("uint8", "uint16", "uint32", "uint64"), (1,),
+          package="crackle-codec", extra="crackle", writable=True),
+    Codec("fpzip", "fpzip", ("float32",), package="fpzip", extra="fpzip",
+          writable=True, encode_options=("fpzip_precision",),
+          recorded_options=("fpzip_precision",), shard_gzip=False),
+    Codec("kempressed", "kempressed", ("float32",), package="fpzip",
+          extra="kempressed", writable=True, shard_gzip=False),
+    Codec("zfpc", "zfpc", ("float32",), package="zfpc", extra="zfpc", writable=True,
+          encode_options=ZFPC_OPTIONS, recorded_options=ZFPC_OPTIONS, shard_gzip=False),
 )}
 
 
@@ -160,6 +174,14 @@ def register(codec: Codec) -> None:
 
 def supported_encodings() -> list[str]:
     return sorted(CODECS)
+
+
+def encoding_options(scale) -> dict:
+    """The options of a scale's encoding that its info records (the entry's `recorded_options`
+    present among the scale's other members), e.g. {"zfpc_tolerance": 0.01}."""
+    codec = CODECS.get(scale.encoding)
+    extra = getattr(scale, "extra", None) or {}
+    return {k: extra[k] for k in (codec.recorded_options if codec else ()) if k in extra}
 
 
 def writable_encodings() -> list[str]:

@@ -10,7 +10,8 @@ How a scale is written:
   computed another way). Dims are found by name (``x``, ``y``, ``z`` and an optional ``channel``)
   in any order.
 - **Chunks -> bytes** by encoding (raw, compressed_segmentation with our vectorised encoder, jpeg
-  with simplejpeg, png with imagecodecs); edge chunks are stored truncated.
+  with simplejpeg, png with imagecodecs; crackle, fpzip, kempressed and zfpc with the packages
+  CloudVolume writes them with); edge chunks are stored truncated.
 - **Shards are built whole** (never read-modify-written): chunks are grouped by shard, the
   minishard indices list their chunks sorted by id (ids and offsets delta-coded), then the shard
   index; one shard is one task (a dask task when the data is dask-backed, else a thread-pool
@@ -35,6 +36,7 @@ from ..format.info import DATA_TYPES, VolumeInfo
 from ..reading.shard_reader import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
 from . import progress as write_progress
+from .encoding_options import check_encoding_options, record_options
 from .geometry import InputScale, input_scales
 from .plan import write_scale
 from .progress import WriteProgress
@@ -72,14 +74,16 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                    write_empty_chunks: bool = True, resume: bool | str = "auto", overwrite: bool = False,
                    block_bytes: int = DEFAULT_BLOCK_BYTES,
                    max_workers: int | None = None,
-                   progress: WriteProgress | None = None) -> VolumeInfo:
+                   progress: WriteProgress | None = None,
+                   encoding_options: dict | None = None) -> VolumeInfo:
     """Write `obj` as a Neuroglancer precomputed volume at `url`; returns the written info.
 
     obj: a DataArray or Dataset (one scale) or a DataTree (every node holding data is a scale,
         in tree order). Dims ``x``, ``y``, ``z`` and optionally ``channel``, in any order;
         resolution and voxel offset come from the coordinates (voxel centres in nm, the
         reader's convention) unless `resolution` / `voxel_offset` are given.
-    encoding: "raw", "compressed_segmentation", "jpeg" or "png"; None keeps the source's
+    encoding: "raw", "compressed_segmentation", "jpeg", "png", or CloudVolume's "crackle"
+        (labels), "fpzip", "kempressed", "zfpc" (float32); None keeps the source's
         encoding (the variable's .encoding, as engine="precomputed" fills it) when writable, else
         compressed_segmentation for uint32/uint64 segmentations and raw otherwise.
     chunk_size: (x, y, z); None keeps the source's, else 64³ (clipped to the volume).
@@ -99,6 +103,9 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         does not rewrite stay).
     progress: a `WriteProgress` told what is planned and written, as it happens (the CLI's
         progress bar and summary).
+    encoding_options: the encoding's own options, as CloudVolume names them in a scale's info:
+        zfpc's `zfpc_tolerance`, `zfpc_rate` or `zfpc_precision` (one of them: lossy; none:
+        lossless) and `zfpc_correlated_dims`; fpzip's `fpzip_precision`. Recorded in the info.
     """
     try:
         url = strip_scheme_prefix(str(os.fspath(url)))
@@ -128,6 +135,9 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                         block_size=compressed_segmentation_block_size, sharding=sharding,
                         shard_bytes=shard_bytes, key=key, jpeg_quality=jpeg_quality,
                         png_level=png_level) for s in scales]
+    options = check_encoding_options([d["encoding"] for d in sjson], encoding_options)
+    for d in sjson:
+        record_options(d, options[d["encoding"]])
     keys = [d["key"] for d in sjson]
     if len(set(keys)) != len(keys):
         raise WriterError(f"two scales would share the key {keys}: give them distinct resolutions")
@@ -143,7 +153,7 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         write_progress.attach(url, progress)
     try:
         _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
-                      png_level, gzip_level, write_empty_chunks, block_bytes)
+                      png_level, gzip_level, write_empty_chunks, block_bytes, options)
     finally:
         if progress is not None:
             write_progress.detach(url)
@@ -154,7 +164,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
 
 
 def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
-                  png_level, gzip_level, write_empty_chunks, block_bytes) -> None:
+                  png_level, gzip_level, write_empty_chunks, block_bytes,
+                  encoding_options=None) -> None:
     dt = parsed.data_type
     for sc, d in zip(scales, sjson):
         s = parsed.find_scale(d["key"])
@@ -164,6 +175,7 @@ def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_
             encoding=s.encoding, block_size=s.compressed_segmentation_block_size or DEFAULT_BLOCK_SIZE,
             sharding=None if s.sharding is None else tuple(sorted(s.sharding.to_json().items())),
             jpeg_quality=jpeg_quality, png_level=png_level, gzip_level=gzip_level,
-            write_empty_chunks=write_empty_chunks)
+            write_empty_chunks=write_empty_chunks,
+            options=(encoding_options or {}).get(s.encoding, ()))
         write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
                     max_workers=workers, key=d["key"])

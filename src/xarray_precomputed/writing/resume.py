@@ -21,7 +21,7 @@ def valid_unsharded(tgt: Target, name: str, size: int) -> bool:
     return get_codec(tgt.encoding).plausible(
         lambda ranges: tgt.store.read_ranges(tgt.key(name), ranges), size,
         chunk_shape=[b.stop - b.start for b in tgt.cell_box(cell)], dtype=tgt.dtype,
-        num_channels=tgt.num_channels, block_size=tgt.block_size)
+        num_channels=tgt.num_channels, block_size=tgt.block_size, **dict(tgt.options))
 
 
 def _cell_of_name(tgt: Target, name: str):

@@ -122,7 +122,8 @@ def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, shard
         d["compressed_segmentation_block_size"] = list(triple(block_size, "block size"))
     options = {"jpeg_quality": jpeg_quality, "png_level": png_level}
     for option in get_codec(encoding).recorded_options:
-        d[option] = int(options[option])
+        if option in options:  # the others: `encoding_options`, recorded by the caller
+            d[option] = int(options[option])
     # sharding: None keeps the source's (same size), False/"none" unsharded, "auto", or a spec
     spec = None
     if isinstance(sharding, str) and sharding.strip().startswith("{"):
@@ -166,7 +167,8 @@ def same_scale(a: dict, b: dict) -> bool:
 
 
 def _wrap(scale: dict) -> dict:
-    dt = "uint64" if scale.get("encoding") == "compressed_segmentation" else "uint8"
+    codec = CODECS.get(scale.get("encoding"))  # a data type the encoding stores
+    dt = codec.data_types[-1] if codec is not None and codec.data_types else "uint8"
     nc = 1
     return {"type": "image", "data_type": dt, "num_channels": nc, "scales": [scale]}
 

@@ -80,6 +80,7 @@ class Target:
     png_level: int = 6
     gzip_level: int = 6
     write_empty_chunks: bool = True
+    options: tuple = ()  # sorted (name, value) items of the encoding's own options
 
     @property
     def sharded(self) -> ShardingSpec:
@@ -114,7 +115,7 @@ class Target:
         # the options were checked by to_precomputed: straight to the codec
         return get_codec(self.encoding).encode(arr, block_size=self.block_size,
                                                jpeg_quality=self.jpeg_quality,
-                                               png_level=self.png_level)
+                                               png_level=self.png_level, **dict(self.options))
 
     def shard_name(self, shard: int) -> str:
         return shard_filename(shard, self.sharded)

@@ -1,0 +1,223 @@
+"""`crackle`: label volumes (uint8-uint64, 1 channel) in the Crackle format, decoded and encoded with
+the `crackle-codec` package (seung-lab's; the one CloudVolume and igneous use, and Neuroglancer
+reads).
+
+A Crackle stream is, in order: a header (magic `crkl`, format version 0 or 1, label width, stored
+width, sx, sy, sz, label-section size; version 1 adds a CRC-8 of itself); a z index (one u32 byte
+length of each z slice's crack codes; version 1 adds a CRC-32C of the index); the label section;
+the Markov model (when the header asks for one); the crack codes of every z slice, each opening
+with its beginning-of-chain index; and, in version 1, the CRC-32C of the label section and one
+CRC-32C per decoded z slice.
+
+The package's decoder trusts its input: damaged crack codes make it write past its buffers
+(heap corruption, segfaults; found by fuzzing crackle-codec 0.55). So every chunk is checked here
+first, with numpy, against what can be checked without decoding:
+
+- the header: its CRC-8 (version 1), the volume shape equal to the (truncated) chunk shape, the
+  label width equal to the volume's data type (and no signed labels in an unsigned volume), the
+  stored width no wider than the label width -- all before any allocation;
+- the sections: the z index's CRC-32C (version 1), and the header's sizes plus the z index's slice
+  lengths add up to exactly the stream's length (a truncated or padded stream is refused);
+- the label section's CRC-32C (version 1): the decoder does not check it, and a damaged label
+  section decodes to wrong labels without an error;
+- each slice's beginning-of-chain index: its size fits the slice, it parses to exactly that size,
+  and every chain starts on the (sx + 1) x (sy + 1) grid of pixel corners.
+
+Known limit: the crack codes themselves (the chain starts and the 2-bit moves) carry no checksum
+that can be checked before decoding -- version 1's per-slice CRC-32Cs are of decoded slices -- and
+crackle-codec 0.55 walks a damaged chain outside its edge buffer (or decodes a damaged chain start
+to wrong labels without an error). Only a decoder of our own could refuse those; until then a
+damaged crack code can crash the reader. CloudVolume stores crackle chunks gzip-compressed by
+default (files and shards), and gzip's CRC-32 catches storage damage before the decoder runs.
+
+Random access: a read that covers only some z slices of a chunk decodes only those (the format
+indexes slices), via `crackle.codec.decompress_range`.
+"""
+
+from __future__ import annotations
+
+import crackle
+import google_crc32c  # a dependency of crackle-codec (its CRC-32C)
+import numpy as np
+from crackle.codec import decompress_range
+
+from ..errors import CorruptChunkError
+
+__all__ = ["decode_into", "encode", "plausible", "check_stream"]
+
+_MAGIC = b"crkl"
+
+
+def _crc32c(buf) -> int:
+    return int.from_bytes(google_crc32c.Checksum(bytes(buf)).digest(), "big")
+
+
+def _byte_width(n: int) -> int:
+    return 1 if n <= 0xFF else 2 if n <= 0xFFFF else 4 if n <= 0xFFFFFFFF else 8
+
+
+def _uint(buf, pos: int, width: int) -> int:
+    return int.from_bytes(buf[pos:pos + width], "little")
+
+
+def _check_boc(code: memoryview, sx: int, sy: int, z: int, fail) -> None:
+    """A slice's beginning-of-chain index: u32 size, then (y_width) count of rows, and per row a
+    y step, (x_width) count of chains and their x steps; every start on the corner grid."""
+    n = len(code)
+    if n == 0:
+        return
+    if n < 4:
+        fail(f"z slice {z}: {n} bytes of crack codes, shorter than their 4-byte index size")
+    size = _uint(code, 0, 4)
+    if size > n - 4:
+        fail(f"z slice {z}: chain index of {size} bytes in {n - 4} bytes of crack codes")
+    xw, yw = _byte_width(sx + 1), _byte_width(sy + 1)
+    end = 4 + size
+    pos = 4
+    if pos + yw > end:
+        fail(f"z slice {z}: chain index too short for its row count")
+    rows = _uint(code, pos, yw)
+    pos += yw
+    y = 0
+    xdt = np.dtype(f"<u{xw}")
+    for _ in range(rows):
+        if pos + yw + xw > end:
+            fail(f"z slice {z}: chain index runs past its {size} bytes")
+        y += _uint(code, pos, yw)
+        pos += yw
+        count = _uint(code, pos, xw)
+        pos += xw
+        if y > sy or pos + count * xw > end:
+            fail(f"z slice {z}: chain index row at y={y} ({count} chains) does not fit the "
+                 f"{sx + 1} x {sy + 1} corner grid or the index")
+        if count:
+            steps = np.frombuffer(code, xdt, count, pos)
+            if int(steps.astype(np.uint64).sum()) > sx:
+                fail(f"z slice {z}: a chain at y={y} starts beyond x={sx}")
+        pos += count * xw
+    if pos != end:
+        fail(f"z slice {z}: chain index parses to {pos - 4} bytes, its size says {size}")
+
+
+def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
+    """Validate a Crackle stream (see the module docstring); returns its header."""
+
+    def fail(msg):
+        raise CorruptChunkError(f"corrupt crackle stream: {msg}", chunk=chunk)
+
+    n = len(buf)
+    if n < 5 or buf[:4] != _MAGIC:
+        fail(f"no 'crkl' magic (starts with {bytes(buf[:4])!r})")
+    try:
+        head = crackle.header(buf)
+    except Exception as e:  # crackle.FormatError: too short, version, CRC-8
+        fail(f"{type(e).__name__}: {e}")
+    shape = (head.sx, head.sy, head.sz)
+    if shape != tuple(chunk_shape):
+        raise CorruptChunkError(
+            f"crackle stream holds a {' x '.join(map(str, shape))} volume; the chunk's shape is "
+            f"{' x '.join(map(str, chunk_shape))}", chunk=chunk)
+    if head.data_width != dtype.itemsize:
+        raise CorruptChunkError(f"crackle stream holds {8 * head.data_width}-bit labels; the "
+                                f"volume's data type is {dtype.name}", chunk=chunk)
+    if head.stored_data_width > head.data_width:
+        fail(f"stored label width {head.stored_data_width} exceeds the label width "
+             f"{head.data_width}")
+    if head.signed and dtype.kind == "u":
+        fail(f"signed labels in a {dtype.name} volume")
+    if head.label_format not in (0, 1, 2) or head.markov_model_order > 15:
+        fail(f"label format {head.label_format}")
+    hb, ib = head.header_bytes, head.grid_index_bytes
+    markov = head.num_markov_model_bytes
+    trailer = 4 + 4 * head.sz if head.format_version >= 1 else 0
+    fixed = hb + ib + head.num_label_bytes + markov + trailer
+    if fixed > n:
+        fail(f"its header's sections ({head.num_label_bytes} label bytes, a {ib}-byte z index) "
+             f"do not fit its {n} bytes")
+    index = np.frombuffer(buf, "<u4", head.sz, hb)
+    if head.format_version >= 1 and _crc32c(buf[hb:hb + 4 * head.sz]) != _uint(buf, hb + ib - 4,
+                                                                              4):
+        fail("the z index fails its CRC-32C")
+    codes_at = hb + ib + head.num_label_bytes + markov
+    if codes_at + int(index.astype(np.uint64).sum()) + trailer != n:
+        fail(f"its sections and slice lengths add up to "
+             f"{codes_at + int(index.astype(np.uint64).sum()) + trailer} bytes, not its {n}")
+    if head.format_version >= 1:
+        labels = buf[hb + ib:hb + ib + head.num_label_bytes]
+        if _crc32c(labels) != _uint(buf, n - trailer, 4):
+            fail("the label section fails its CRC-32C")
+    view = memoryview(buf)
+    pos = codes_at
+    for z, length in enumerate(index.tolist()):
+        _check_boc(view[pos:pos + length], head.sx, head.sy, z, fail)
+        pos += length
+    return head
+
+
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
+    buf = bytes(data)
+    head = check_stream(buf, dtype, chunk_shape, chunk)
+    nx, ny, nz = out.shape[:3]
+    ox, oy, oz = origin
+    whole = oz == 0 and nz == head.sz
+    try:
+        if whole:
+            labels = crackle.decompress(buf, parallel=1)
+        else:  # only the z slices asked for: the format indexes them
+            labels = decompress_range(buf, oz, oz + nz, 1)
+    except Exception as e:  # RuntimeError from the C++ checks (CRC-32C), FormatError, ...
+        raise CorruptChunkError(f"corrupt crackle stream ({type(e).__name__}: {e})",
+                                chunk=chunk) from None
+    want = (head.sx, head.sy, head.sz if whole else nz)
+    if labels.shape != want or labels.dtype.itemsize != dtype.itemsize:
+        raise CorruptChunkError(f"crackle decoded {labels.dtype.name} {labels.shape}, expected "
+                                f"{dtype.name} {want}", chunk=chunk)
+    z0 = oz if whole else 0
+    out[..., 0] = labels[ox:ox + nx, oy:oy + ny, z0:z0 + nz]
+
+
+def labels_of(data, *, chunk_shape, dtype, chunk, z_range=None) -> np.ndarray:
+    """The sorted distinct labels of a chunk (or of z slices [z0, z1) of it), read from the label
+    section and crack codes without decoding every voxel."""
+    buf = bytes(data)
+    head = check_stream(buf, np.dtype(dtype), chunk_shape, chunk)
+    try:
+        if z_range is None:
+            found = crackle.labels(buf)
+        else:
+            found = crackle.labels_for_z_range(buf, int(z_range[0]), int(z_range[1]))
+    except Exception as e:
+        raise CorruptChunkError(f"corrupt crackle stream ({type(e).__name__}: {e})",
+                                chunk=chunk) from None
+    return np.unique(np.asarray(found).astype(head.dtype, copy=False))
+
+
+def encode(chunk: np.ndarray) -> bytes:
+    # as CloudVolume writes them: the Fortran-ordered (x, y, z) labels, no pins, no Markov model
+    return bytes(crackle.compress(np.asfortranarray(chunk[..., 0]), parallel=1))
+
+
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+    """A header for this shape and width whose sections add up to exactly `size` bytes."""
+    from crackle.headers import CrackleHeader
+    head_len = CrackleHeader.HEADER_BYTES
+    parts = fetch([(0, min(size, head_len))])
+    if not parts or len(parts[0]) < head_len:
+        return False
+    try:
+        head = crackle.header(parts[0])
+    except Exception:
+        return False
+    if ((head.sx, head.sy, head.sz) != tuple(chunk_shape)
+            or head.data_width != np.dtype(dtype).itemsize):
+        return False
+    hb, ib = head.header_bytes, head.grid_index_bytes
+    trailer = 4 + 4 * head.sz if head.format_version >= 1 else 0
+    fixed = hb + ib + head.num_label_bytes + head.num_markov_model_bytes + trailer
+    if fixed > size:
+        return False
+    index = fetch([(hb, hb + 4 * head.sz)])
+    if not index or len(index[0]) != 4 * head.sz:
+        return False
+    return fixed + int(np.frombuffer(index[0], "<u4").astype(np.uint64).sum()) == size

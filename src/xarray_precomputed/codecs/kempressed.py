@@ -1,0 +1,40 @@
+"""`kempressed`: float images (affinity maps, typically 3 channels) as CloudVolume writes them: one
+lossless fpzip stream of the chunk's values plus 2, with the channel axis moved before z -- the
+Fortran-ordered (x, y, channel, z) array, so fpzip's nx, ny, nz, nf are x, y, the channels and z.
+Reading subtracts 2 again in the volume's data type, as CloudVolume does, so the values are the
+same bit for bit.
+
+The stream is checked and decoded by the fpzip codec (its header before any allocation; and the
+limit on damaged coded values stated there); see `codecs.fpzip`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fpzip import decode_array
+from .fpzip import encode as _fpzip_encode
+
+__all__ = ["decode_into", "encode", "plausible"]
+
+
+def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+                stream=False) -> None:
+    x, y, z = chunk_shape
+    arr = decode_array(data, dims=(x, y, num_channels, z), dtype=dtype, chunk=chunk,
+                       what="kempressed (fpzip)")
+    nx, ny, nz = out.shape[:3]
+    ox, oy, oz = origin
+    # (x, y, channel, z) -> (x, y, z, channel), then minus 2 in the stored type
+    part = arr[ox:ox + nx, oy:oy + ny, :, oz:oz + nz].transpose(0, 1, 3, 2)
+    np.subtract(part, part.dtype.type(2), out=out, casting="same_kind")
+
+
+def encode(chunk: np.ndarray) -> bytes:
+    data = np.swapaxes(chunk, 2, 3)
+    return _fpzip_encode(data + data.dtype.type(2))
+
+
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+    """Never, as for fpzip (no length field, no end marker): resume rewrites every chunk."""
+    return False
