@@ -117,6 +117,11 @@ class _Channel:
             raise _block_error("values", chan, (x, y, z), int(voff[z, y, x]),
                                int(nval[z, y, x]), clen)
         self.bits, self.toff, self.voff = bits, toff, voff
+        # uint64 entries of tables that all start at an even word, read as one little-endian
+        # uint64 each (encoders write them so); None: read as two words
+        self.words64 = None
+        if wpe == 2 and not (toff & 1).any():
+            self.words64 = self.words[:clen - clen % 2].view("<u8")
         self.tlen = (clen - toff) // wpe
 
 
@@ -180,42 +185,60 @@ def _perm(out: np.ndarray) -> list[int]:
     return p
 
 
+_SLAB_VOXELS = 1 << 20  # voxels decoded per numpy pass: bounds the temporaries (~10 x 8 bytes each)
+
+
 def _decode_channel(ch: _Channel, dst: np.ndarray, s, b, o, n, dt) -> None:
-    """Decode the box, one slab of block rows along the C loop's outermost axis at a time (so the
-    first error found is the one the C decoder reports, and temporaries stay slab-sized)."""
+    """Decode the box in slabs of whole block rows along the C loop's outermost axis (so the
+    first slab holding a bad index holds the error the C decoder reports first).
+
+    Per voxel: its block's header fields come from one gather of a packed word (bits, values
+    offset, table offset), its field from one gather of the values, its label from one (uint32)
+    or two (uint64) gathers of the table; the table index is checked against the end of the
+    channel before the table is read."""
     perm = _perm(dst)
     A = perm[0]
-    k_lo, k_hi = o[A] // b[A], (o[A] + n[A] - 1) // b[A]
-    # per axis: each output coordinate's block and in-block position
+    gx, gy = ch.bits.shape[2], ch.bits.shape[1]
+    bits = ch.bits.reshape(-1)
+    voff = np.where(bits > 0, ch.voff.reshape(-1), 0)  # bits 0: no values are read
+    packed = bits | (voff << 6) | (ch.toff.reshape(-1) << 30)
+    limit = ch.clen - ch.wpe  # the last word a table entry may start at
+    # per axis and output coordinate: the block's share of the header index, the voxel's share
+    # of the in-block position (x fastest)
+    blk_mul = (1, gx, gx * gy)
+    in_mul = (1, b[0], b[0] * b[1])
     coords = [np.arange(o[a], o[a] + n[a], dtype=np.int64) for a in range(3)]
-    for k in range(k_lo, k_hi + 1):
-        lo = max(o[A], k * b[A]) - o[A]
-        hi = min(o[A] + n[A], (k + 1) * b[A]) - o[A]
-        c = list(coords)
-        c[A] = coords[A][lo:hi]
-        kx, ky, kz = (c[a] // b[a] for a in range(3))
-        px, py, pz = (c[a] - (c[a] // b[a]) * b[a] for a in range(3))
-        # broadcast to the slab's (x, y, z) shape
-        KX, KY, KZ = kx[:, None, None], ky[None, :, None], kz[None, None, :]
-        lin = px[:, None, None] + b[0] * (py[None, :, None] + b[1] * pz[None, None, :])
-        bits = ch.bits[KZ, KY, KX]
-        toff = ch.toff[KZ, KY, KX]
-        bit = lin * bits
-        word = np.where(bits > 0, ch.voff[KZ, KY, KX] + (bit >> 5), 0)
-        mask = (np.int64(1) << bits) - 1
-        idx = (ch.words[word].astype(np.int64) >> (bit & 31)) & mask
-        tlen = ch.tlen[KZ, KY, KX]
-        bad = idx >= tlen
+    blk_part = [(c // b[a]) * blk_mul[a] for a, c in enumerate(coords)]
+    in_part = [(c % b[a]) * in_mul[a] for a, c in enumerate(coords)]
+    shape3 = [(-1, 1, 1), (1, -1, 1), (1, 1, -1)]
+    others = n[0] * n[1] * n[2] // max(n[A], 1)
+    rows = max(1, _SLAB_VOXELS // max(others, 1) // b[A]) * b[A]  # whole block rows per slab
+    lo = 0
+    while lo < n[A]:
+        first = (o[A] + lo) // b[A] * b[A]  # the slab ends on a block boundary
+        hi = min(n[A], first + rows - o[A])
+        sel = [slice(None)] * 3
+        sel[A] = slice(lo, hi)
+        bp = [blk_part[a][sel[a]].reshape(shape3[a]) for a in range(3)]
+        ip = [in_part[a][sel[a]].reshape(shape3[a]) for a in range(3)]
+        p = packed[bp[0] + bp[1] + bp[2]]
+        nbits = p & 63
+        bit = (ip[0] + ip[1] + ip[2]) * nbits
+        w = ch.words[((p >> 6) & 0xFFFFFF) + (bit >> 5)].astype(np.int64)
+        idx = (w >> (bit & 31)) & ((np.int64(1) << nbits) - 1)
+        at = (p >> 30) + ch.wpe * idx
+        bad = at > limit
         if bad.any():
-            _raise_first_index_error(ch, bad, idx, tlen, c, b, perm)
-        at = toff + ch.wpe * idx
-        if ch.wpe == 2:
+            c = [coords[a][sel[a]] for a in range(3)]
+            _raise_first_index_error(ch, bad, idx, (ch.clen - (p >> 30)) // ch.wpe, c, b, perm)
+        if ch.wpe == 2 and ch.words64 is not None:  # every table at an even word: one gather
+            vals = ch.words64[at >> 1]
+        elif ch.wpe == 2:
             vals = ch.words[at].astype(np.uint64) | (ch.words[at + 1].astype(np.uint64) << 32)
         else:
             vals = ch.words[at]
-        sl = [slice(None)] * 3
-        sl[A] = slice(lo, hi)
-        dst[tuple(sl)] = vals.astype(dt, copy=False)
+        dst[tuple(sel)] = vals.astype(dt, copy=False)
+        lo = hi
 
 
 def _raise_first_index_error(ch: _Channel, bad, idx, tlen, c, b, perm):
