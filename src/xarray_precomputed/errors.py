@@ -93,7 +93,17 @@ class ExportError(PrecomputedError, ValueError):
 
 
 class ArgumentError(PrecomputedError, TypeError):
-    """An argument has a type or value the function cannot take (names the argument)."""
+    """An argument has a type or value the function cannot take (names the argument). The one
+    type to catch for such a mistake, whichever function made it: the writer's and the
+    exporter's own are subclasses that are also a WriterError / ExportError."""
+
+
+class WriterArgumentError(ArgumentError, WriterError):
+    """A writer argument of the wrong type or value (an ArgumentError and a WriterError)."""
+
+
+class ExportArgumentError(ArgumentError, ExportError):
+    """An export argument of the wrong type or value (an ArgumentError and an ExportError)."""
 
 
 class HugeGraphWarning(UserWarning):

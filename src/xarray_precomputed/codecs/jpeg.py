@@ -89,9 +89,10 @@ def read_frame_header(head: bytes) -> tuple[int, int, int, int]:
     raise ValueError("no frame header in the stream's first bytes")
 
 
-def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels, jpeg_quality: int = 75) -> bool:
     """A frame header for this chunk's pixel count and channels at the head, and the
-    end-of-image marker at the end (a truncated stream has lost it)."""
+    end-of-image marker at the end (a truncated stream has lost it). `jpeg_quality`, the
+    writer's option, changes nothing that is checked."""
     parts = fetch([(0, min(size, _PLAUSIBLE_HEAD)), (max(0, size - 2), size)])
     if not parts or len(parts) != 2 or parts[1] != b"\xff\xd9":
         return False

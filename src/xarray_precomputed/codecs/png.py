@@ -78,9 +78,10 @@ def encode(chunk: np.ndarray, png_level: int = 6) -> bytes:
 _IEND = struct.pack(">I4sI", 0, b"IEND", 0xAE426082)  # the empty last chunk, with its CRC
 
 
-def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels, png_level: int = 6) -> bool:
     """An IHDR for this chunk's pixel count, sample depth and channels at the head, and the IEND
-    chunk at the end (a truncated image has lost it)."""
+    chunk at the end (a truncated image has lost it). `png_level`, the writer's option, changes
+    nothing that is checked."""
     parts = fetch([(0, min(size, 33)), (max(0, size - len(_IEND)), size)])
     if not parts or len(parts) != 2 or parts[1] != _IEND:
         return False

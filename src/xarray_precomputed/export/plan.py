@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import ExportError, PrecomputedError
+from ..errors import ExportArgumentError, ExportError, PrecomputedError
 from ..format.info import ShardingSpec
 from ..format.sharding import shard_box
 from ..writing.geometry import InputScale, input_scales, pick_variable, source_hint
@@ -29,7 +29,7 @@ DEFAULT_SHARD_CHUNKS = 8             # chunks per axis of a shard when the sourc
 
 def int_option(name: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise ExportError(f"{name} must be an integer of at least {lo}, got {v!r}")
+        raise ExportArgumentError(f"{name} must be an integer of at least {lo}, got {v!r}")
     return int(v)
 
 

@@ -42,10 +42,10 @@ from .plan import write_scale
 from .progress import WriteProgress
 from .scale_info import choose_sharding, int_option, merge_info, scale_json
 from .shard_file import build_shard
-from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS, Target, encode_chunk
+from .target import DEFAULT_BLOCK_SIZE, Target, encode_chunk
 
 __all__ = ["to_precomputed", "WriteProgress", "choose_sharding", "encode_chunk", "build_shard",
-           "WriterError", "WRITABLE_ENCODINGS"]
+           "WriterError"]
 
 # sharding="auto": uncompressed bytes per shard the choice aims at (TensorStore's
 # write_chunk "elements" target, expressed in bytes of voxels).

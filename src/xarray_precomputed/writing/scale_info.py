@@ -12,11 +12,11 @@ import json
 import math
 from typing import Any, Mapping
 
-from ..codecs import CODECS, get_codec
+from ..codecs import CODECS, get_codec, writable_encodings
 from ..errors import PrecomputedError, WriterError
 from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from .geometry import InputScale
-from .target import DEFAULT_BLOCK_SIZE, WRITABLE_ENCODINGS, int_option, triple
+from .target import DEFAULT_BLOCK_SIZE, int_option, triple
 
 __all__ = ["choose_sharding", "scale_json", "merge_info", "DEFAULT_CHUNK_SIZE"]
 
@@ -87,15 +87,15 @@ def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, shard
     # encoding: given, else the source's (when we can write it), else by type
     if encoding is None:
         src = sc.hint("encoding")
-        ok = src in WRITABLE_ENCODINGS and _encoding_fits(src, dt, sc.num_channels)
+        ok = src in writable_encodings() and _encoding_fits(src, dt, sc.num_channels)
         if ok:
             encoding = src
         elif vtype == "segmentation" and dt in ("uint32", "uint64"):
             encoding = "compressed_segmentation"
         else:
             encoding = "raw"
-    if encoding not in WRITABLE_ENCODINGS:
-        raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
+    if encoding not in writable_encodings():
+        raise WriterError(f"cannot write encoding {encoding!r}; writable: {writable_encodings()}")
     if not _encoding_fits(encoding, dt, sc.num_channels):
         types, chans = get_codec(encoding).data_types, get_codec(encoding).channels
         raise WriterError(f"encoding {encoding!r} stores data types {list(types or DATA_TYPES)} with "
@@ -155,7 +155,7 @@ def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, shard
 
 
 def _encoding_fits(encoding, dt, nc) -> bool:
-    return encoding in WRITABLE_ENCODINGS and get_codec(encoding).fits(dt, nc)
+    return encoding in writable_encodings() and get_codec(encoding).fits(dt, nc)
 
 
 def same_scale(a: dict, b: dict) -> bool:

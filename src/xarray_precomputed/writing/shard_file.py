@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import WriterError
+from ..errors import WriterArgumentError, WriterError
 from ..format.info import ShardingSpec
 from ..format.sharding import chunk_location
 
@@ -33,7 +33,7 @@ def build_shard(chunk_ids, blobs: Sequence[bytes], spec: ShardingSpec, *,
         raise WriterError(f"build_shard needs a ShardingSpec, got {type(spec).__name__}")
     if isinstance(gzip_level, bool) or not isinstance(gzip_level, (int, np.integer)) or \
             not 0 <= gzip_level <= 9:
-        raise WriterError(f"gzip_level must be an integer from 0 to 9, got {gzip_level!r}")
+        raise WriterArgumentError(f"gzip_level must be an integer from 0 to 9, got {gzip_level!r}")
     try:
         ids = np.asarray(chunk_ids)
         if ids.dtype.kind not in "iu" or (ids.dtype.kind == "i" and ids.size and ids.min() < 0):

@@ -11,16 +11,15 @@ from functools import lru_cache
 import numpy as np
 
 from ..codecs import get_codec, writable_encodings
-from ..errors import WriterError
+from ..errors import WriterArgumentError, WriterError
 from ..format.info import ShardingSpec
 from ..format.morton import chunk_key
 from ..format.sharding import shard_filename
 from ..storage import open_store
 
-__all__ = ["Target", "encode_chunk", "WRITABLE_ENCODINGS", "DEFAULT_BLOCK_SIZE", "cells_in",
+__all__ = ["Target", "encode_chunk", "DEFAULT_BLOCK_SIZE", "cells_in",
            "budget_box", "box_groups", "vox_box"]
 
-WRITABLE_ENCODINGS = tuple(writable_encodings())
 DEFAULT_BLOCK_SIZE = (8, 8, 8)
 
 
@@ -33,7 +32,7 @@ def triple(v, name, lo: int = 1) -> tuple[int, int, int]:
         ok = False
     if not ok:
         what = "positive" if lo >= 1 else "non-negative"
-        raise WriterError(f"{name} must be 3 {what} integers, got {v!r}")
+        raise WriterArgumentError(f"{name} must be 3 {what} integers, got {v!r}")
     return t  # type: ignore[return-value]
 
 
@@ -41,15 +40,16 @@ def int_option(name: str, v, lo: int, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or \
             (hi is not None and v > hi):
         want = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
-        raise WriterError(f"{name} must be an integer {want}, got {v!r}")
+        raise WriterArgumentError(f"{name} must be an integer {want}, got {v!r}")
     return int(v)
 
 
 def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
                  jpeg_quality: int = 75, png_level: int = 6) -> bytes:
     """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes."""
-    if encoding not in WRITABLE_ENCODINGS:
-        raise WriterError(f"cannot write encoding {encoding!r}; writable: {list(WRITABLE_ENCODINGS)}")
+    writable = writable_encodings()  # asked now: an encoding registered later is writable too
+    if encoding not in writable:
+        raise WriterError(f"cannot write encoding {encoding!r}; writable: {writable}")
     chunk = np.asarray(chunk)
     if chunk.ndim != 4 or 0 in chunk.shape:
         raise WriterError(f"a chunk is a non-empty (x, y, z, channel) array, got shape {chunk.shape}")
