@@ -11,7 +11,8 @@ import pytest
 import xarray as xr
 
 from oracle import make_data, write_volume
-from xarray_precomputed import StorageError, Volume
+from xarray_precomputed import InfoError, ScaleNotFoundError, StorageError, Volume
+from xarray_precomputed.format.info import parse_info
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,23 @@ def test_scale_directory_names_volume_and_scale(vol):
 def test_no_volume_at_all_says_what_to_pass(vol, tmp_path):
     for msg in _open_both(str(tmp_path / "elsewhere")):
         assert "no 'info' file" in msg and "directory that holds the info file" in msg
+
+
+def test_a_scale_index_out_of_range_lists_the_scales(vol):
+    for opener in (lambda: Volume.open(str(vol)).scale(7),
+                   lambda: xr.open_dataset(vol, engine="precomputed", scale=7)):
+        with pytest.raises(ScaleNotFoundError,
+                           match=r"scale index 7 out of range: the volume has 1 scale, 0: '4_4_40'"):
+            opener()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"type": "image"}'])
+def test_info_errors_name_the_file_they_were_read_from(text):
+    with pytest.raises(InfoError, match=r"^gs://b/v/info: info") as e:
+        parse_info(text, source="gs://b/v/info")
+    assert e.value.source == "gs://b/v/info"
+    with pytest.raises(InfoError, match=r"^info"):  # text given by the caller: no file
+        parse_info(text)
 
 
 @pytest.mark.parametrize("url", ["precomputed:{}", "precomputed:file://{}", "precomputed:gs://b/v"])

@@ -17,7 +17,7 @@ from cloudvolume import CloudVolume
 import oracle
 import xarray_precomputed as xp
 from oracle import assert_same, check_readers, make_da, parse_shard, scale_files
-from xarray_precomputed import ShardingSpec, storage
+from xarray_precomputed import ArgumentError, ShardingSpec, storage
 from xarray_precomputed.format import sharding as sharding_fmt
 from xarray_precomputed.writing import precomputed as writer
 from xarray_precomputed.writing.precomputed import WriterError
@@ -175,8 +175,24 @@ def test_add_scale_merges_info(tmp_path):
         xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8))
     with pytest.raises(WriterError, match="uint16"):
         xp.to_precomputed(da.astype(np.uint16), str(p))
-    xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True)
+    # a new scale 0 under the coarser scale made from the old one: refused, naming it ...
+    with pytest.raises(WriterError, match=r"lists scales \['8_8_80'\], coarser than scale "
+                                          r"'4_4_40'.*coarser_scales='drop'"):
+        xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True)
+    assert json.loads((p / "info").read_text()) == info  # nothing written
+    # ... kept on request (the same voxels here, rechunked: the coarser scale still holds)
+    xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True, coarser_scales="keep")
     check_readers(p, data, 0)
+    check_readers(p, half.values, 1)
+    # ... or dropped from the info
+    other = make_da(np.ascontiguousarray(data[::-1]), res=(4, 4, 40), name="image")
+    xp.to_precomputed(other, str(p), chunk_size=(8, 8, 8), coarser_scales="drop")
+    assert [s["key"] for s in json.loads((p / "info").read_text())["scales"]] == ["4_4_40"]
+    check_readers(p, other.values, 0)
+    # a coarser scale written on its own leaves the finer ones alone, as above
+    xp.to_precomputed(xp.downsample(other, (2, 2, 2)), str(p), chunk_size=(16, 16, 8))
+    with pytest.raises(ArgumentError, match="coarser_scales"):
+        xp.to_precomputed(da, str(p), coarser_scales="replace")
 
 
 def test_integral_resolutions_are_written_as_integers(tmp_path):

@@ -16,6 +16,7 @@ import tensorstore as ts
 
 from oracle import add_scale, make_data, read_info, ts_read, write_volume
 from xarray_precomputed.cli import main
+from xarray_precomputed.errors import StorageError
 
 DVID = Path(__file__).resolve().parent / "data" / "dvid"
 SCRIPT = Path(sys.executable).parent / "xarray-precomputed"
@@ -120,6 +121,15 @@ def test_info_reports_no_shard_box_where_shard_bits_leave_bits_uncovered(tmp_pat
     d = json.loads(cli(capsys, "info", "--json", path)[0])["scales"][0]
     assert "shard_box_chunks" not in d and d["max_shard_files"] == 8
     assert "shard box     none (shard_bits leave Morton bits uncovered" in cli(capsys, "info", path)[0]
+
+
+def test_info_counts_in_the_singular_too(tmp_path, capsys):
+    """One shard box, one shard file, one chunk: "1 box", not "1 boxes"."""
+    path = tmp_path / "one"
+    write_volume(path, make_data((8, 8, 4, 1), "uint16", 12), chunk_size=(8, 8, 4),
+                 sharding=dict(preshift_bits=0, minishard_bits=0, shard_bits=0))
+    out = cli(capsys, "info", path)[0]
+    assert "= 1 chunk)" in out and "1 box, at most 1 shard file\n" in out, out
 
 
 def test_info_dvid_export(capsys):
@@ -285,8 +295,14 @@ def test_errors_are_one_line(volume, tmp_path, what, capsys):
 
 
 def test_traceback_on_request(tmp_path, capsys):
-    with pytest.raises(Exception):
-        main(["--traceback", "info", str(tmp_path / "nothing")])
+    """With --traceback the package's own error propagates (Python prints its traceback); the
+    same command without it prints that error's message on one line and exits 1."""
+    missing = tmp_path / "nothing"
+    with pytest.raises(StorageError, match="no 'info' file") as e:
+        main(["--traceback", "info", str(missing)])
+    assert str(missing) in str(e.value)
+    out, err = cli(capsys, "info", missing, code=1)
+    assert err.strip() == f"error: {e.value}" and out == ""
 
 
 def test_closed_pipe_is_quiet(volume):

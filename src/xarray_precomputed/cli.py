@@ -27,6 +27,12 @@ ENGINES = ("precomputed", "dvid_arrow")
 
 # ----------------------------------------------------------------------------- helpers
 
+def _count(n: int, noun: str) -> str:
+    """`n` (with thousands separators) and `noun`, plural unless n is 1: "1 box", "3 boxes"."""
+    plural = noun + ("es" if noun.endswith(("s", "x")) else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if abs(n) < 1024 or unit == "EiB":
@@ -168,7 +174,7 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  resolution    {_x(d['resolution_nm'])} nm; extent "
                      f"{_x(d['extent_nm'])} nm")
         sizes = ", ".join(_x(c) for c in d["chunk_sizes"])
-        lines.append(f"  chunk         {sizes} (grid {_x(d['grid'])} = {d['n_chunks']:,} chunks)")
+        lines.append(f"  chunk         {sizes} (grid {_x(d['grid'])} = {_count(d['n_chunks'], 'chunk')})")
         enc = d["encoding"]
         if "compressed_segmentation_block_size" in d:
             enc += f" (block {_x(d['compressed_segmentation_block_size'])})"
@@ -187,13 +193,13 @@ def format_summary(summary: dict) -> str:
                 lines.append(f"  shard box     {_x(d['shard_box_voxels'])} voxels "
                              f"({_x(d['shard_box_chunks'])} chunks, "
                              f"{_human(d['shard_box_bytes'])} uncompressed); "
-                             f"{d['n_shard_boxes']:,} boxes, at most {d['max_shard_files']:,} "
-                             "shard files")
+                             f"{_count(d['n_shard_boxes'], 'box')}, at most "
+                             f"{_count(d['max_shard_files'], 'shard file')}")
             else:
                 why = ("the hash scatters chunks" if d["sharding"]["hash"] != "identity" else
                        "shard_bits leave Morton bits uncovered: boxes share shard files")
                 lines.append(f"  shard box     none ({why}); at most "
-                             f"{d['max_shard_files']:,} shard files")
+                             f"{_count(d['max_shard_files'], 'shard file')}")
         lines.append(f"  OME-Zarr      shard {_x(d['ome_zarr_shard'])} voxels by default "
                      f"(convert --max-shard-bytes {_human(DEFAULT_MAX_SHARD_BYTES).replace(' ', '')})")
         lines.append(f"  uncompressed  {_human(d['uncompressed_bytes'])} "
@@ -373,7 +379,8 @@ def cmd_convert(args) -> int:
                        sharding=args.sharding,
                        compressed_segmentation_block_size=args.cseg_block_size,
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
-                       max_workers=args.workers, progress=written,  # type: ignore[arg-type]
+                       max_workers=args.workers, coarser_scales=args.coarser_scales,
+                       progress=written,  # type: ignore[arg-type]
                        encoding_options=args.encoding_options)
     finally:
         written.close_bar()
@@ -458,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: keep the source's; 'auto' chooses parameters, 'none' writes "
                          "unsharded, or a neuroglancer_uint64_sharded_v1 spec as JSON (or file)")
     pc.add_argument("--cseg-block-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
+    pc.add_argument("--coarser-scales", choices=("refuse", "keep", "drop"), default="refuse",
+                    help="scales the destination lists that are coarser than the finest one "
+                         "written and are not written now (made from the data being replaced): "
+                         "refuse (default), keep them, or drop them from the info")
     pc.add_argument("--encoding-options", type=_json_arg, default=None, metavar="JSON",
                     help='the encoding\'s own options, e.g. \'{"zfpc_tolerance": 0.01}\' '
                          '(zfpc_rate, zfpc_precision, zfpc_correlated_dims, fpzip_precision)')

@@ -22,6 +22,7 @@ class InfoError(PrecomputedError, ValueError):
         super().__init__(prefix + message)
         self.field = field
         self.scale = scale
+        self.source: str | None = None  # the info file, where the document was read from one
 
 
 class ScaleNotFoundError(InfoError, KeyError):

@@ -166,7 +166,9 @@ class VolumeInfo:
             i = int(which)
             if not -len(self.scales) <= i < len(self.scales):
                 raise ScaleNotFoundError(
-                    f"scale index {i} out of range: the volume has {len(self.scales)} scales")
+                    f"scale index {i} out of range: the volume has {len(self.scales)} "
+                    f"scale{'' if len(self.scales) == 1 else 's'}, "
+                    f"{', '.join(f'{k}: {s.key!r}' for k, s in enumerate(self.scales))}")
             return self.scales[i]
         if isinstance(which, str):
             for s in self.scales:
@@ -302,8 +304,20 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
                      chunk_sizes, codec.name, block, sharding, _frozen(extra))
 
 
-def parse_info(doc: str | bytes | Mapping[str, Any]) -> VolumeInfo:
-    """Parse and validate an `info` document (JSON text or an already-decoded mapping)."""
+def parse_info(doc: str | bytes | Mapping[str, Any], *, source: str | None = None) -> VolumeInfo:
+    """Parse and validate an `info` document (JSON text or an already-decoded mapping).
+    `source` names where it was read (the info file's URL): every InfoError then names it."""
+    if source is None:
+        return _parse_info(doc)
+    try:
+        return _parse_info(doc)
+    except InfoError as e:
+        e.args = (f"{source}: {e}",)
+        e.source = source
+        raise
+
+
+def _parse_info(doc: str | bytes | Mapping[str, Any]) -> VolumeInfo:
     if isinstance(doc, (str, bytes, bytearray)):
         try:
             doc = json.loads(doc)

@@ -73,7 +73,7 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                    gzip_level: int = 6, shard_bytes: int = DEFAULT_SHARD_BYTES,
                    write_empty_chunks: bool = True, resume: bool | str = "auto", overwrite: bool = False,
                    block_bytes: int = DEFAULT_BLOCK_BYTES,
-                   max_workers: int | None = None,
+                   max_workers: int | None = None, coarser_scales: str = "refuse",
                    progress: WriteProgress | None = None,
                    encoding_options: dict | None = None) -> VolumeInfo:
     """Write `obj` as a Neuroglancer precomputed volume at `url`; returns the written info.
@@ -101,6 +101,10 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         objects in every case, False never.
     overwrite: replace a scale whose parameters differ from the existing info's (objects it
         does not rewrite stay).
+    coarser_scales: what becomes of scales the destination's info lists that are coarser than
+        the finest scale written and are not written themselves (they were computed from data
+        this write replaces): "refuse" (the default) raises WriterError naming them, "drop"
+        removes them from the info (their objects stay in storage), "keep" leaves them listed.
     progress: a `WriteProgress` told what is planned and written, as it happens (the CLI's
         progress bar and summary).
     encoding_options: the encoding's own options, as CloudVolume names them in a scale's info:
@@ -145,7 +149,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     store = open_store(url, storage_options)
     fresh = {"@type": "neuroglancer_multiscale_volume", "type": vtype, "data_type": dt,
              "num_channels": first.num_channels, "scales": []}
-    parsed, allow_resume = merge_info(store, fresh, sjson, resume=resume, overwrite=overwrite)
+    parsed, allow_resume = merge_info(store, fresh, sjson, resume=resume, overwrite=overwrite,
+                                      coarser_scales=coarser_scales)
 
     opts = tuple(sorted((storage_options or {}).items()))
     workers = max_workers or max(1, os.cpu_count() or 1)

@@ -13,7 +13,7 @@ import math
 from typing import Any, Mapping
 
 from ..codecs import CODECS, get_codec, writable_encodings
-from ..errors import PrecomputedError, WriterError
+from ..errors import PrecomputedError, WriterArgumentError, WriterError
 from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from .geometry import InputScale
 from .target import DEFAULT_BLOCK_SIZE, int_option, triple
@@ -173,14 +173,35 @@ def _wrap(scale: dict) -> dict:
     return {"type": "image", "data_type": dt, "num_channels": nc, "scales": [scale]}
 
 
+COARSER_SCALES = ("refuse", "keep", "drop")
+
+
+def _resolution_volume(scale: dict) -> float:
+    return math.prod(float(r) for r in scale["resolution"])
+
+
+def _coarser_scales(listed: list[dict], sjson: list[dict]) -> list[str]:
+    """Keys of the `listed` scales coarser than the finest of `sjson` and not among them."""
+    finest = min(_resolution_volume(d) for d in sjson)
+    written = {d["key"] for d in sjson}
+    return [s["key"] for s in listed
+            if s.get("key") not in written and _resolution_volume(s) > finest]
+
+
 def merge_info(store, fresh: dict, sjson: list[dict], *, resume: bool | str,
-               overwrite: bool) -> tuple[VolumeInfo, dict[str, bool]]:
+               overwrite: bool, coarser_scales: str = "refuse") -> tuple[VolumeInfo, dict[str, bool]]:
     """The `info` to write - `fresh` (type, data type, channels) with the scales `sjson`, merged
     into the one at `store` - and, per scale key, whether existing objects may be kept. "auto"
     keeps them for scales the existing info does not list yet (an interrupted write: the info is
-    written last)."""
+    written last). `coarser_scales`: what becomes of scales the info lists that are coarser than
+    the finest scale written and not written themselves (computed from data this write
+    replaces): "refuse" raises WriterError naming them, "keep" leaves them listed, "drop"
+    removes them from the info (their objects stay in storage)."""
     if resume not in (True, False, "auto"):
         raise WriterError(f"resume must be True, False or 'auto', got {resume!r}")
+    if coarser_scales not in COARSER_SCALES:
+        raise WriterArgumentError(f"coarser_scales must be one of {COARSER_SCALES}, got "
+                                  f"{coarser_scales!r}")
     keys = [d["key"] for d in sjson]
     info_doc = fresh
     allow_resume = {k: resume is not False for k in keys}
@@ -218,6 +239,17 @@ def merge_info(store, fresh: dict, sjson: list[dict], *, resume: bool | str,
                         allow_resume[d["key"]] = False
     if overwrite:
         allow_resume = {k: False for k in keys}
+    stale = _coarser_scales(info_doc["scales"], sjson)
+    if stale and coarser_scales == "refuse":
+        finest = min(sjson, key=_resolution_volume)["key"]
+        raise WriterError(
+            f"{store.describe('info')} lists scales {stale}, coarser than scale {finest!r} "
+            "written now: they hold what was there before, not a downsampling of what is "
+            "written. Write them too (xarray_precomputed.downsample makes them), or pass "
+            "coarser_scales='drop' to remove them from the info, or 'keep' to leave them")
+    if stale and coarser_scales == "drop":
+        info_doc = {**info_doc, "scales": [s for s in info_doc["scales"]
+                                           if s.get("key") not in stale]}
     # replace scales with our keys in place, append new ones, finest first
     merged = list(info_doc["scales"])
     for d in sjson:
