@@ -367,10 +367,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
             preferred_chunks=preferred_chunks, order=order))
 
     def guess_can_open(self, filename_or_obj) -> bool:
+        """Without I/O for a URL: Neuroglancer's data-source forms (`precomputed://<url>`,
+        `<url>|neuroglancer-precomputed:`) and local directories whose `info` (at most 16 MiB)
+        is a volume's. Any other URL (http(s), gs, s3) needs engine="precomputed": telling it
+        would take a request, and xarray offers remote URLs to the netCDF engines first."""
         try:
             if isinstance(filename_or_obj, (str, os.PathLike)):
                 path = os.fspath(filename_or_obj)
-                if path.startswith("precomputed://"):
+                if path.startswith("precomputed://") or "|neuroglancer-precomputed:" in path:
                     return True
                 if "://" in path and not path.startswith("file://"):
                     return False  # no network I/O just to guess
