@@ -32,9 +32,15 @@ def test_every_store_implements_the_whole_interface():
     assert {"read", "read_ranges", "size", "list_dir", "has_dir", "write", "delete"} <= abstract
     for cls in (LocalStore, MemoryStore, FsspecStore, HttpStore):
         assert not inspect.isabstract(cls), cls
+        for name in abstract:  # each store's own implementation ...
+            assert getattr(cls, name) is not getattr(Store, name), (cls, name)
         for name in ("read", "read_ranges", "read_many", "read_with", "write", "exists", "size",
                      "list_dir", "has_dir", "delete", "describe"):
-            assert callable(getattr(cls, name)), (cls, name)
+            # ... and every method (overridden or inherited) called as the interface declares it
+            declared = inspect.signature(getattr(Store, name)).parameters.values()
+            own = inspect.signature(getattr(cls, name)).parameters.values()
+            assert [(p.name, p.kind) for p in own] == [(p.name, p.kind) for p in declared], \
+                (cls, name)
 
 
 def test_write_read_ranges_sizes_listing_delete(store):

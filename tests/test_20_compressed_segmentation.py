@@ -348,7 +348,7 @@ def test_output_views_and_subboxes(dtype, nc, view):
 
 
 def test_tensorstore_multichannel_chunks(tmp_path):
-    ts = pytest.importorskip("tensorstore")
+    import tensorstore as ts  # a test dependency (the oracle): missing, this fails, not skips
     rng = np.random.default_rng(11)
     size, chunk_size, block = (20, 13, 9), (16, 8, 8), (4, 5, 3)
     for dtype in ("uint32", "uint64"):

@@ -296,13 +296,19 @@ def test_single_flight_shares_storage_failures_only(error, shared):
     key = ("test-key", shared)
     entered = threading.Event()
     ran = []
+    raised: list[BaseException] = []   # what the leader's block raised ...
+    leader_got: list[BaseException] = []  # ... and what came out of single_flight to it
 
     def leader():
-        with pytest.raises(Exception):
+        # recorded, not asserted here: pytest.raises failing in a thread is only a warning
+        try:
             with util.single_flight(key):
                 entered.set()
                 time.sleep(0.2)  # the waiter queues up meanwhile
-                raise error()
+                raised.append(error())
+                raise raised[0]
+        except BaseException as e:  # noqa: BLE001 - checked below, in the test's thread
+            leader_got.append(e)
 
     def waiter():
         entered.wait(10)
@@ -317,6 +323,8 @@ def test_single_flight_shares_storage_failures_only(error, shared):
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(leader_got) == 1 and leader_got[0] is raised[0]  # its own error, unchanged
     assert ran == (["PermissionDeniedError"] if shared else ["waiter"])
     with util.single_flight(key):  # later arrivals try again
         ran.append("later")
