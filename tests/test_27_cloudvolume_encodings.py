@@ -338,6 +338,26 @@ def test_encoding_options_are_checked(tmp_path):
         assert not (tmp_path / encoding / "info").exists()
 
 
+def test_zfpc_resume_check_knows_the_options():
+    """The resume check accepts a zfpc chunk only when it was written in the mode (and with the
+    correlated axes) asked for now, so changing the options rewrites the chunks."""
+    codec = codecs_pkg.get_codec("zfpc")
+    data = source_data((16, 16, 8, 2), "float32", 3)
+    opts = {"zfpc_tolerance": 0.01, "zfpc_correlated_dims": (True, True, True, False)}
+    blob = codec.encode(data, **opts)
+
+    def plausible(**kw):
+        return codec.plausible(lambda ranges: [blob[a:b] for a, b in ranges], len(blob),
+                               chunk_shape=(16, 16, 8), dtype="float32", num_channels=2, **kw)
+
+    assert plausible(**opts)
+    assert not plausible()  # lossless asked for
+    assert not plausible(zfpc_rate=8, zfpc_correlated_dims=(True, True, True, False))
+    assert not plausible(zfpc_tolerance=0.01)  # other axes
+    assert not codec.plausible(lambda r: [blob[a:b] for a, b in r], len(blob) - 1,
+                               chunk_shape=(16, 16, 8), dtype="float32", num_channels=2, **opts)
+
+
 def test_encoding_and_cli_info_show_the_options(cv_volumes, capsys):
     from xarray_precomputed.cli import main
     url = cv_volumes["zfpc_planes_2ch"][0]

@@ -205,8 +205,11 @@ def encode(chunk: np.ndarray, zfpc_tolerance: float = -1, zfpc_rate: float = -1,
                                correlated_dims=[bool(b) for b in zfpc_correlated_dims]))
 
 
-def plausible(fetch, size, *, chunk_shape, dtype, num_channels, **options) -> bool:
-    """A zfpc header for this chunk whose index fills exactly `size` bytes."""
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels, zfpc_tolerance: float = -1,
+              zfpc_rate: float = -1, zfpc_precision: float = -1,
+              zfpc_correlated_dims=(True, True, True, True)) -> bool:
+    """A zfpc header for this chunk, in the mode and with the correlated axes of the options it
+    was written with, whose index fills exactly `size` bytes."""
     parts = fetch([(0, min(size, HEADER_SIZE))])
     if not parts:
         return False
@@ -216,6 +219,10 @@ def plausible(fetch, size, *, chunk_shape, dtype, num_channels, **options) -> bo
         return False
     dims = (*chunk_shape, num_channels)
     if tuple(stored) != dims or found != np.dtype(dtype).newbyteorder("<"):
+        return False
+    want_mode = 4 if zfpc_tolerance >= 0 else 3 if zfpc_precision >= 0 else (
+        2 if zfpc_rate >= 0 else 5)
+    if mode != want_mode or correlated != tuple(bool(b) for b in zfpc_correlated_dims):
         return False
     count = len(list(_hyperplanes(stored, correlated)))
     index = fetch([(HEADER_SIZE, HEADER_SIZE + 8 * (count + 1))])
