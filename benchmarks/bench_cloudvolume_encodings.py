@@ -98,8 +98,8 @@ def full_reads(urls, repeat):
         assert ours.dtype == theirs.dtype and np.array_equal(
             ours.view(f"u{ours.dtype.itemsize}"), theirs.view(f"u{theirs.dtype.itemsize}")), name
         mb = ours.nbytes / 1e6
-        t_ours = best(lambda: scale.read(), repeat)
-        t_cv = best(lambda: cv[cv.bounds], repeat)
+        t_ours = best(scale.read, repeat)
+        t_cv = best(lambda cv=cv: cv[cv.bounds], repeat)
         print(f"{name:14s} {mb:6.0f} {mb / t_ours:10.0f} {mb / t_cv:9.0f} "
               f"{t_cv / t_ours:8.2f}")
 
@@ -130,13 +130,13 @@ def one_chunk(urls, repeat):
         out = np.empty((*shape, info.num_channels), info.dtype)
         decode = get_decoder(encoding)
 
-        def ours():
+        def ours(decode=decode, blob=blob, out=out, shape=shape, info=info, name=name):
             decode(blob, out, chunk_shape=shape, origin=(0, 0, 0), scale=info.scales[0],
                    dtype=info.dtype, num_channels=info.num_channels, chunk=name)
 
         ours()
         mb = out.nbytes / 1e6
-        t_pkg = best(lambda: package[encoding](blob), repeat)
+        t_pkg = best(lambda fn=package[encoding], blob=blob: fn(blob), repeat)
         t_ours = best(ours, repeat)
         print(f"{name:14s} {mb / t_pkg:13.0f} {mb / t_ours:10.0f} {t_pkg / t_ours:13.2f}")
 
@@ -162,7 +162,7 @@ def crackle_random_access(urls, repeat):
         part = np.empty((128, 128, nz, 1), dt)
         read(30, nz, part)
         assert np.array_equal(part, full[:, :, 30:30 + nz])
-        t = best(lambda: read(30, nz, part), repeat)
+        t = best(lambda nz=nz, part=part: read(30, nz, part), repeat)
         print(f"{f'z range of {nz}':28s} {t * 1e3:8.2f} ms  ({t_full / t:.1f}x faster)")
     got = labels_of(blob, chunk_shape=shape, dtype=dt, chunk="c")
     assert np.array_equal(got, np.unique(full))
