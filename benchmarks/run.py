@@ -59,7 +59,7 @@ W5  W1's full reads over HTTP from a loopback server that answers each request a
 WRITE  `bench_write.py --rounds N` (to_precomputed against a TensorStore write), run after the
     reading rounds in the same run; CONVERT  `bench_convert.py --rounds N` (OME-Zarr export against
     a TensorStore copy), likewise. Their tables are the scripts' own.
-W6  issue 16's remote volumes, read whole over the same server: seg4 (W1's seg, 4 shards), seg64
+W6  the remote-read volumes, read whole over the same server: seg4 (W1's seg, 4 shards), seg64
     (the same voxels in 64 shards of 4 chunks), raw128 (uint8 raw 512×512×256 unsharded in 128
     chunks of 128×128×32, 512 KiB each); seconds, and the requests the server answered per read.
 """

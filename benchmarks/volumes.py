@@ -170,7 +170,7 @@ def build_mcns(path: Path) -> None:
     t[x0:x1, y0:y1, z0:z1, 0] = fib25_tiles((512, 512, 512), seed=5)
 
 
-# Issue 16's remote volumes (W6): the sharded segmentation as `seg`, the same voxels in 64 shards of
+# The remote-read volumes (W6): the sharded segmentation as `seg`, the same voxels in 64 shards of
 # 4 chunks, and an EM-like uint8 image in 128 unsharded 128×128×32 chunks of 512 KiB.
 SEG64_SHARDING = {**SEG_SHARDING, "preshift_bits": 2, "minishard_bits": 0, "shard_bits": 6}
 REMOTE_VOLUMES = ("seg4", "seg64", "raw128")

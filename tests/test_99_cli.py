@@ -216,7 +216,7 @@ def test_docs_export_example_runs(volume, tmp_path, monkeypatch):
                           ts_read(volume, 1)[:16, :8].transpose(3, 2, 1, 0))
 
 
-# ---------------------------------------------------------------------------- issue 15: the surface
+# ---------------------------------------------------------------------------- the product surface
 
 @pytest.fixture(scope="module")
 def holey(tmp_path_factory) -> Path:

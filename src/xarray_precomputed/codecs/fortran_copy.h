@@ -269,7 +269,7 @@ __attribute__((target("avx2"))) static inline void tile8(const char *s, Py_ssize
  * them with edge checks inside ran slower than the staged copy). Tiles cut by the region's edge
  * go element by element. With `stream` (64-bit only), whole aligned 64-byte destination lines
  * (both halves written by consecutive blocks) use non-temporal stores, row by row as
- * copy_transposed does. Returns whether any line was streamed. Measured in session 14 against
+ * copy_transposed does. Returns whether any line was streamed. Measured against
  * the staged copy (standalone C benchmark, out of cache, sixteen chunks in turn): a uint64
  * 128x128x32 chunk into a C-ordered block of its size 0.75-0.92 ms instead of 1.38-1.45, into a
  * 128^3 block 0.92-1.01 instead of 1.45-1.57, within L2 64 instead of 114 us per MiB; uint32
