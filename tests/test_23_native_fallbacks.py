@@ -111,9 +111,17 @@ def _decode_both(data, shape, dtype, order, chunk_shape, block, origin):
     return outs, results
 
 
+@pytest.fixture(params=["blocks", "voxels"])
+def cseg_path(request, monkeypatch):
+    """The fallback decodes whole blocks, or voxel by voxel where blocks dwarf the box: both."""
+    if request.param == "voxels":
+        monkeypatch.setattr(cseg_fallback, "_by_blocks", lambda b, o, n: False)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.uint64, np.uint32])
 @pytest.mark.parametrize("block", [(8, 8, 8), (4, 8, 2), (7, 5, 3), (64, 64, 64), (1, 1, 1)])
-def test_cseg_fallback_matches_c_on_the_real_cube(cube, dtype, block):
+def test_cseg_fallback_matches_c_on_the_real_cube(cube, dtype, block, cseg_path):
     enc = _c("codecs._cseg_encode").encode_channel
     a = cube.astype(dtype)
     stream = enc(a, block)
@@ -131,7 +139,7 @@ def test_cseg_fallback_matches_c_on_the_real_cube(cube, dtype, block):
             assert np.array_equal(c, f)
 
 
-def test_cseg_fallback_fails_as_the_c_decoder_on_corrupt_chunks(cube):
+def test_cseg_fallback_fails_as_the_c_decoder_on_corrupt_chunks(cube, cseg_path):
     """Random byte changes and truncations of a real chunk: the same voxels or the same error."""
     rng = np.random.default_rng(35)
     block = (8, 8, 8)

@@ -172,7 +172,18 @@ def cseg_decode(data, out, chunk_shape: Sequence[int], block_size: Sequence[int]
         return
     # pass 2: the voxels of the box
     for ch in channels:
-        _decode_channel(ch, out[..., ch.chan], s, b, o, n, dt)
+        if _by_blocks(b, o, n):
+            _decode_blocks(ch, out[..., ch.chan], b, o, n, dt)
+        else:  # blocks much larger than the box: voxel by voxel
+            _decode_channel(ch, out[..., ch.chan], s, b, o, n, dt)
+
+
+def _by_blocks(b, o, n) -> bool:
+    """Whether decoding the whole blocks the box touches costs at most ~2x the box itself."""
+    padded = 1
+    for a in range(3):
+        padded *= ((o[a] + n[a] - 1) // b[a] - o[a] // b[a] + 1) * b[a]
+    return b[0] * b[1] * b[2] <= (1 << 22) and padded <= 2 * n[0] * n[1] * n[2] + (1 << 16)
 
 
 def _perm(out: np.ndarray) -> list[int]:
@@ -239,6 +250,76 @@ def _decode_channel(ch: _Channel, dst: np.ndarray, s, b, o, n, dt) -> None:
             vals = ch.words[at]
         dst[tuple(sel)] = vals.astype(dt, copy=False)
         lo = hi
+
+
+def _decode_blocks(ch: _Channel, dst: np.ndarray, b, o, n, dt) -> None:
+    """Decode whole blocks (those the box touches), in slabs of block rows along the C loop's
+    outermost axis, then copy the box out of them. Per block of each encoded width, its value
+    words are gathered as one row and split into fields by shifts; each field's table entry is
+    checked against the channel's end (for the voxels of the box) before the table is read."""
+    perm = _perm(dst)
+    A = perm[0]
+    bx, by, bz = b
+    bvol = bx * by * bz
+    klo = [o[a] // b[a] for a in range(3)]
+    khi = [(o[a] + n[a] - 1) // b[a] for a in range(3)]
+    per_row = bvol
+    for a in range(3):
+        if a != A:
+            per_row *= khi[a] - klo[a] + 1
+    step = max(1, _SLAB_VOXELS // per_row)  # block rows along A per slab
+    limit = ch.clen - ch.wpe
+    for k0 in range(klo[A], khi[A] + 1, step):
+        lo_k, hi_k = list(klo), list(khi)
+        lo_k[A], hi_k[A] = k0, min(khi[A], k0 + step - 1)
+        nk = [hi_k[a] - lo_k[a] + 1 for a in range(3)]
+        sel = (slice(lo_k[2], hi_k[2] + 1), slice(lo_k[1], hi_k[1] + 1),
+               slice(lo_k[0], hi_k[0] + 1))
+        bits = ch.bits[sel].reshape(-1)  # rows: blocks, x fastest
+        voff = ch.voff[sel].reshape(-1)
+        toff = ch.toff[sel].reshape(-1)
+        idx = np.zeros((bits.size, bvol), dtype=np.int64)
+        for w in np.unique(bits).tolist():
+            if w == 0:
+                continue  # one label: index 0
+            rows = np.flatnonzero(bits == w)
+            nval = -(-bvol * w // 32)
+            vals = ch.words[voff[rows][:, None] + np.arange(nval)]  # inside the channel (checked)
+            per = 32 // w
+            if per > 1:
+                shifts = np.arange(per, dtype=np.uint32) * np.uint32(w)
+                vals = ((vals[:, :, None] >> shifts) & np.uint32((1 << w) - 1)).reshape(len(rows), -1)
+            idx[rows] = vals[:, :bvol]
+        at = toff[:, None] + ch.wpe * idx
+        # the padded grid of these blocks, (x, y, z), and the box inside it
+        box = []
+        out_sel = []
+        for a in range(3):
+            first = max(o[a], lo_k[a] * b[a])
+            last = min(o[a] + n[a], (hi_k[a] + 1) * b[a])
+            box.append(slice(first - lo_k[a] * b[a], last - lo_k[a] * b[a]))
+            out_sel.append(slice(first - o[a], last - o[a]))
+        at_box = _grid(at, nk, b)[tuple(box)]
+        bad = at_box > limit
+        if bad.any():
+            c = [np.arange(o[a], o[a] + n[a], dtype=np.int64)[out_sel[a]] for a in range(3)]
+            tl = _grid(np.broadcast_to(((ch.clen - toff) // ch.wpe)[:, None], at.shape), nk, b)
+            _raise_first_index_error(ch, bad, _grid(idx, nk, b)[tuple(box)], tl[tuple(box)], c, b,
+                                     perm)
+        if ch.wpe == 2 and ch.words64 is not None:
+            vals = ch.words64[at_box >> 1]
+        elif ch.wpe == 2:
+            vals = ch.words[at_box].astype(np.uint64) | (ch.words[at_box + 1].astype(np.uint64) << 32)
+        else:
+            vals = ch.words[at_box]
+        dst[tuple(out_sel)] = vals.astype(dt, copy=False)
+
+
+def _grid(m: np.ndarray, nk, b) -> np.ndarray:
+    """(blocks z-major, voxels x fastest) -> the (x, y, z) grid those blocks cover."""
+    bx, by, bz = b
+    return (m.reshape(nk[2], nk[1], nk[0], bz, by, bx).transpose(2, 5, 1, 4, 0, 3)
+            .reshape(nk[0] * bx, nk[1] * by, nk[2] * bz))
 
 
 def _raise_first_index_error(ch: _Channel, bad, idx, tlen, c, b, perm):
