@@ -195,6 +195,50 @@ def test_add_scale_merges_info(tmp_path):
         xp.to_precomputed(da, str(p), coarser_scales="replace")
 
 
+class _Counts(writer.WriteProgress):
+    def __init__(self):
+        self.planned_, self.done, self.objects = [], 0, 0
+
+    def planned(self, key, unit, todo, complete):
+        self.planned_.append((key, unit, todo, complete))
+
+    def wrote(self, done, objects, nbytes):
+        self.done += done
+        self.objects += objects
+
+
+def test_progress_reaches_the_sink_of_its_own_call(tmp_path):
+    """Each to_precomputed call reports to its own sink: two at once in one process, and two
+    of one URL one after the other (the second finds everything to rewrite: resume=False)."""
+    import threading
+
+    data = oracle.make_data((32, 32, 16, 1), "uint8", 5)
+    da = make_da(data, res=(4, 4, 40), name="image")
+    sinks = {name: _Counts() for name in ("a", "b")}
+    errors = []
+
+    def write(name):
+        try:
+            xp.to_precomputed(da, str(tmp_path / name), chunk_size=(16, 16, 8), sharding=False,
+                              progress=sinks[name])
+        except Exception as e:  # noqa: BLE001 - checked in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for s in sinks.values():  # 2 x 2 x 2 chunks each, all written, none counted twice
+        assert s.planned_ == [("4_4_40", "chunks", 8, 0)] and (s.done, s.objects) == (8, 8)
+    again = _Counts()
+    xp.to_precomputed(da, str(tmp_path / "a"), chunk_size=(16, 16, 8), sharding=False,
+                      progress=again, resume=False)
+    assert (again.done, again.objects) == (8, 8) and sinks["a"].done == 8
+    check_readers(tmp_path / "a", data, 0)
+
+
 def test_integral_resolutions_are_written_as_integers(tmp_path):
     """igneous names new scales from the info's resolution through CloudVolume's add_scale:
     floats there make keys like "16.0_16.0_40.0"."""

@@ -47,7 +47,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
             stats["skipped"] += len(skip)
             stats["objects"] += len(cells) - len(skip)
             groups.append((lo, hi, cells, frozenset(skip)))
-        progress.planned(tgt.url, key, "chunks", stats)
+        progress.planned(tgt.run, key, "chunks", stats)
         if sc.is_dask:
             stats["bytes"] = dask_unsharded(sc, tgt, groups, box)
         else:
@@ -88,7 +88,7 @@ def write_scale(sc: InputScale, tgt: Target, *, resume: bool, block_bytes: int,
             continue
         todo.append((shard, cells, bx))
     stats["objects"] = len(todo)
-    progress.planned(tgt.url, key, "shards", stats)
+    progress.planned(tgt.run, key, "shards", stats)
     if sc.is_dask:
         stats["bytes"] = dask_sharded(sc, tgt, todo, per_voxel, block_bytes)
         return stats

@@ -154,14 +154,13 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
 
     opts = tuple(sorted((storage_options or {}).items()))
     workers = max_workers or max(1, os.cpu_count() or 1)
-    if progress is not None:
-        write_progress.attach(url, progress)
+    run = write_progress.attach(progress) if progress is not None else ""
     try:
         _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
-                      png_level, gzip_level, write_empty_chunks, block_bytes, options)
+                      png_level, gzip_level, write_empty_chunks, block_bytes, options, run=run)
     finally:
-        if progress is not None:
-            write_progress.detach(url)
+        if run:
+            write_progress.detach(run)
     store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
     # Readers in this process may have cached indices of the shard files just replaced.
     forget_cached_indices()
@@ -170,7 +169,7 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
 
 def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
                   png_level, gzip_level, write_empty_chunks, block_bytes,
-                  encoding_options=None) -> None:
+                  encoding_options=None, run: str = "") -> None:
     dt = parsed.data_type
     for sc, d in zip(scales, sjson):
         s = parsed.find_scale(d["key"])
@@ -181,6 +180,6 @@ def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_
             sharding=None if s.sharding is None else tuple(sorted(s.sharding.to_json().items())),
             jpeg_quality=jpeg_quality, png_level=png_level, gzip_level=gzip_level,
             write_empty_chunks=write_empty_chunks,
-            options=(encoding_options or {}).get(s.encoding, ()))
+            options=(encoding_options or {}).get(s.encoding, ()), run=run)
         write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
                     max_workers=workers, key=d["key"])

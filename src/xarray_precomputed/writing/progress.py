@@ -1,13 +1,13 @@
 """What `to_precomputed(progress=...)` reports while it writes: per scale what is planned, then
-each object as it is written. Sinks are found by destination URL (dask tasks carry only the
-picklable Target, which names it), so reports come from this process's threads only: dask's
+each object as it is written. Each call attaches its sink under a token of its own, which its
+write tasks carry (dask tasks carry only the picklable Target), so two calls writing at once, even
+to one URL, report to their own sinks. Reports come from this process's threads only: dask's
 process scheduler or a distributed cluster report nothing."""
 
 from __future__ import annotations
 
 import threading
-
-from ..errors import WriterError
+import uuid
 
 
 class WriteProgress:
@@ -21,30 +21,30 @@ class WriteProgress:
         nor empty shards) were written, `nbytes` stored."""
 
 
-_sinks: dict[str, WriteProgress] = {}
+_sinks: dict[str, WriteProgress] = {}  # run token -> the sink of the call that attached it
 _lock = threading.Lock()
 
 
-def attach(url: str, sink: WriteProgress) -> None:
+def attach(sink: WriteProgress) -> str:
+    """Attach a call's sink; the token its tasks name it by (`Target.run`)."""
+    run = uuid.uuid4().hex
     with _lock:
-        if url in _sinks:
-            raise WriterError(f"{url} is being written by another to_precomputed call in this "
-                              "process")
-        _sinks[url] = sink
+        _sinks[run] = sink
+    return run
 
 
-def detach(url: str) -> None:
+def detach(run: str) -> None:
     with _lock:
-        _sinks.pop(url, None)
+        _sinks.pop(run, None)
 
 
-def planned(url: str, key: str, unit: str, stats: dict) -> None:
-    sink = _sinks.get(url)
+def planned(run: str, key: str, unit: str, stats: dict) -> None:
+    sink = _sinks.get(run) if run else None
     if sink is not None:
         sink.planned(key, unit, stats["objects"], stats["skipped"])
 
 
-def wrote(url: str, done: int, objects: int, nbytes: int) -> None:
-    sink = _sinks.get(url)
+def wrote(run: str, done: int, objects: int, nbytes: int) -> None:
+    sink = _sinks.get(run) if run else None
     if sink is not None:
         sink.wrote(done, objects, nbytes)

@@ -81,6 +81,7 @@ class Target:
     gzip_level: int = 6
     write_empty_chunks: bool = True
     options: tuple = ()  # sorted (name, value) items of the encoding's own options
+    run: str = ""  # the to_precomputed call writing it: names its progress sink ("" none)
 
     @property
     def sharded(self) -> ShardingSpec:

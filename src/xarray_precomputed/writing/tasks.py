@@ -38,13 +38,13 @@ def encode_cells(tgt: Target, data: np.ndarray, origin, cells) -> list[tuple[tup
 def write_shard(tgt: Target, shard: int, encoded: Iterable[tuple[tuple, bytes]]) -> int:
     encoded = list(encoded)
     if not encoded:
-        progress.wrote(tgt.url, 1, 0, 0)
+        progress.wrote(tgt.run, 1, 0, 0)
         return 0
     cells = np.array([c for c, _ in encoded], dtype=np.int64)
     ids = compressed_morton(cells, tgt.grid)
     data = build_shard(ids, [b for _, b in encoded], tgt.sharded, gzip_level=tgt.gzip_level)
     tgt.store.write(tgt.key(tgt.shard_name(shard)), data)
-    progress.wrote(tgt.url, 1, 1, len(data))
+    progress.wrote(tgt.run, 1, 1, len(data))
     return len(data)
 
 
@@ -61,7 +61,7 @@ def write_unsharded(tgt: Target, encoded: Iterable[tuple[tuple, bytes]], skip=fr
     else:  # object stores: one PUT per chunk, several in flight
         run_pool([lambda k=k, b=b: store.write(k, b) for k, b in todo], REMOTE_PUTS)
     nbytes = sum(len(b) for _, b in todo)
-    progress.wrote(tgt.url, planned, len(todo), nbytes)
+    progress.wrote(tgt.run, planned, len(todo), nbytes)
     return nbytes
 
 
