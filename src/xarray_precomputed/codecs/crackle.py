@@ -24,11 +24,13 @@ first, with numpy, against what can be checked without decoding:
   and every chain starts on the (sx + 1) x (sy + 1) grid of pixel corners.
 
 Known limit: the crack codes themselves (the chain starts and the 2-bit moves) carry no checksum
-that can be checked before decoding -- version 1's per-slice CRC-32Cs are of decoded slices -- and
-crackle-codec 0.55 walks a damaged chain outside its edge buffer (or decodes a damaged chain start
-to wrong labels without an error). Only a decoder of our own could refuse those; until then a
-damaged crack code can crash the reader. CloudVolume stores crackle chunks gzip-compressed by
-default (files and shards), and gzip's CRC-32 catches storage damage before the decoder runs.
+over their bytes (version 1's per-slice CRC-32Cs are not over the coded bytes, and a damaged chain
+start still decodes, to wrong labels, without an error), and crackle-codec 0.55 walks a damaged
+chain outside its edge buffer. Telling a damaged chain from a valid one takes decoding it (the walk
+and the connected components the label section is indexed by), so only a decoder of our own could
+refuse those; until then a damaged crack code can crash the reader. CloudVolume stores crackle
+chunks gzip-compressed by default (files and shards), and gzip's CRC-32 catches storage damage
+before the decoder runs.
 
 Random access: a read that covers only some z slices of a chunk decodes only those (the format
 indexes slices), via `crackle.codec.decompress_range`.
