@@ -382,7 +382,8 @@ def _wrap_decoders(monkeypatch, around):
             return lambda *a: around(lambda: fn(*a))
 
         monkeypatch.setattr(batched, "_batch", types.SimpleNamespace(
-            ChunkDataError=native.ChunkDataError, decode_chunks=wrap(native.decode_chunks),
+            ChunkDataError=native.ChunkDataError, HAVE_ZLIB=native.HAVE_ZLIB,
+            decode_chunks=wrap(native.decode_chunks),
             read_chunk_files=wrap(native.read_chunk_files)))
 
 

@@ -66,11 +66,13 @@ def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     if kind == 0 and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
         return False  # a big-endian machine: the per-chunk path converts
     store = reader.store
-    if not isinstance(store, LocalStore):
-        return False
     sharding = reader.scale_info.sharding
     if sharding is not None and sharding.data_encoding == "gzip" and not _batch.HAVE_ZLIB:
         return False  # built without zlib: the per-chunk path inflates
+    if store.batches_reads:
+        return True  # a remote store: fetched in batches, each decoded in one call
+    if not isinstance(store, LocalStore):
+        return False
     if sharding is None:
         # a folder of compressed chunk files (CloudFiles' `.gz`): each is decoded whole by the store
         return store.folder_form(reader.scale_info.path) in (None, "")
@@ -83,6 +85,9 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     from .base import bounded_map, running_reads  # base imports this module
 
     cells, geom = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
+    if reader.store.batches_reads:
+        _read_remote(reader, cells, geom, out, zeroed, stream)
+        return
     n = len(cells)
     sharding = reader.scale_info.sharding
     # Chunk files are spread over the pool however small the read (each waits on the disk); the
@@ -91,18 +96,10 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     pieces = BATCHES_PER_CORE * running_reads.cores if spread else 1
     jobs: list = []
     if sharding is None:
-        # Chunks that run at the same time write disjoint pages of the result (see volume._plan).
-        keys = (cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2] \
-            else (cells[:, 0], cells[:, 1], cells[:, 2])
-        order = np.lexsort(keys)
+        order = _page_order(cells, out)
         jobs = [(None, part) for part in np.array_split(order, min(n, pieces)) if len(part)]
     else:
-        ids = compressed_morton(cells, reader.grid_shape)
-        shards, minis = chunk_location(ids, sharding)
-        # Grouped by shard, then minishard and id: a piece of a shard reads one run of its file.
-        order = np.lexsort((ids, minis, shards))
-        bounds = np.flatnonzero(np.diff(shards[order])) + 1
-        groups = np.split(order, bounds)
+        ids, minis, shards, groups = _by_shard(reader, cells)
         per = max(1, -(-pieces // len(groups)))
         for members in groups:
             for part in np.array_split(members, min(len(members), per)):
@@ -178,20 +175,57 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
         reader._read_cells_one_by_one(cells[left], geom[left], out, zeroed, stream)
 
 
+def _page_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Chunk files in the order that has chunks running at the same time write disjoint pages of
+    the result (first-touching one page from several threads costs repeated faults): in a
+    C-ordered result z-neighbours share every page, so x varies fastest; in a Fortran-ordered one
+    x-neighbours do, so z varies fastest."""
+    keys = (cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2] \
+        else (cells[:, 0], cells[:, 1], cells[:, 2])
+    return np.lexsort(keys)
+
+
+def _by_shard(reader: ScaleReader, cells: np.ndarray):
+    """(chunk ids, minishards, shards, the positions of each shard's chunks): grouped by shard,
+    then minishard and id, so that a piece of a group reads one run of its file."""
+    ids = compressed_morton(cells, reader.grid_shape)
+    shards, minis = chunk_location(ids, reader.scale_info.sharding)
+    order = np.lexsort((ids, minis, shards))
+    return ids, minis, shards, np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
+
+
 def _read_shard_part(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.ndarray,
                      cells: np.ndarray, geom: np.ndarray, out: np.ndarray, zeroed: bool,
                      stream: bool) -> None:
+    sources, src, name = _shard_sources(reader, shard, ids, minis, cells, whole=False, merge=True)
+    _decode_rows(reader, out, sources, src, geom, zeroed, stream, name)
+
+
+def _shard_sources(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.ndarray,
+                   cells: np.ndarray, *, whole: bool, merge: bool):
+    """Where the stored bytes of some chunks of one shard are: (sources, rows [source, offset,
+    length] with source -1 for an absent chunk, name(i) for errors). `whole` fetches the whole
+    `.shard` file in one request (a remote read wanting all its chunks); `merge` reads the
+    chunks' byte ranges merged into runs (a local file), else each range as the store fetches
+    ranges. Absent chunks are counted, or raise MissingChunkError with fill_missing=False."""
     shards = reader._shards
     n = len(ids)
-    starts = np.zeros(n, np.int64)
-    ends = np.zeros(n, np.int64)
-    found = np.zeros(n, bool)
-    indices = shards.minishard_indices(shard, np.unique(minis).tolist())
 
     def name(i: int) -> str:
         return (f"grid cell {tuple(int(g) for g in cells[i])} id {int(ids[i])} in "
                 f"{shards.shard_name(shard)}")
 
+    view = None
+    indices = None
+    if whole:
+        got_whole = shards.fetch_whole_shard(shard, minis)
+        if got_whole is not None:
+            view, indices = got_whole
+    if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
+        indices = shards.minishard_indices(shard, np.unique(minis).tolist())
+    starts = np.zeros(n, np.int64)
+    ends = np.zeros(n, np.int64)
+    found = np.zeros(n, bool)
     if indices is not None:
         for m in np.unique(minis).tolist():
             at = np.flatnonzero(minis == m)
@@ -206,9 +240,22 @@ def _read_shard_part(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np
                 f"store (at most {shards.max_chunk_bytes} bytes)", chunk=name(i))
     src = np.zeros((n, 3), np.int64)
     src[:, 0] = -1
-    spans: list = []
+    sources: list = []
     have = np.flatnonzero(found)
-    if len(have):
+
+    def past_end(i: int) -> ShardFormatError:
+        return ShardFormatError(f"data [{int(starts[i])}, {int(ends[i])}) lies past the end of "
+                                f"{shards.shard_name(shard)}", chunk=name(i))
+
+    if len(have) and view is not None:
+        short = have[ends[have] > len(view)]
+        if len(short):
+            raise past_end(int(short[0]))
+        sources = [view]
+        src[have, 0] = 0
+        src[have, 1] = starts[have]
+        src[have, 2] = ends[have] - starts[have]
+    elif len(have) and merge:
         # The wanted chunks' byte ranges merged into a few runs of the file, read at once.
         by = have[np.argsort(starts[have], kind="stable")]
         s, e = starts[by], ends[by]
@@ -225,35 +272,128 @@ def _read_shard_part(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np
             indices = None
         else:
             lengths = np.array([len(b) for b in got], np.int64)
-            short = e > run_start[run] + lengths[run]
-            if short.any():
-                i = int(by[np.flatnonzero(short)[0]])
-                raise ShardFormatError(f"data [{int(starts[i])}, {int(ends[i])}) lies past the "
-                                       f"end of {shards.shard_name(shard)}", chunk=name(i))
+            short = np.flatnonzero(e > run_start[run] + lengths[run])
+            if len(short):
+                raise past_end(int(by[short[0]]))
             src[by, 0] = run
             src[by, 1] = s - run_start[run]
             src[by, 2] = e - s
-            spans = got
-    absent = np.flatnonzero(~found)
-    if len(absent):
+            sources = got
+    elif len(have):
+        got = shards.read_file_ranges(shard, list(zip(starts[have].tolist(), ends[have].tolist())))
+        if got is None:
+            found[:] = False
+            indices = None
+        else:
+            lengths = np.array([len(b) for b in got], np.int64)
+            short = np.flatnonzero(lengths != ends[have] - starts[have])
+            if len(short):
+                raise past_end(int(have[short[0]]))
+            src[have, 0] = np.arange(len(have))
+            src[have, 1] = 0
+            src[have, 2] = lengths
+            sources = got
+    if not found.all():
+        src[~found, 0] = -1
+        absent = np.flatnonzero(~found)
         if not reader.fill_missing:
             i = int(absent[0])
             tried = shards.absent_names(shard) if indices is None else None
             raise MissingChunkError("is missing (fill_missing=False)", chunk=name(i) + (
                 f" (no shard file: looked for {', '.join(tried)})" if tried else ""))
         record_filled(reader.url, len(absent))
-    if zeroed and len(absent):
-        keep = np.flatnonzero(found)
-        src, geom = src[keep], geom[keep]
-        index = keep
-    else:
-        index = None
+    return sources, src, name
+
+
+def _decode_rows(reader: ScaleReader, out: np.ndarray, sources: list, src: np.ndarray,
+                 geom: np.ndarray, zeroed: bool, stream: bool, name, rows=None) -> None:
+    """One call of the extension: the chunks `src` names, decoded into their `geom` regions of
+    `out` (absent ones zero-filled unless `out` came zeroed). `rows` maps a row back to the
+    chunk `name` takes (its position in the batch), where the rows are part of one."""
+    if zeroed:
+        keep = np.flatnonzero(src[:, 0] >= 0)
+        if len(keep) < len(src):
+            src, geom = src[keep], geom[keep]
+            rows = keep if rows is None else rows[keep]
+    if not len(src):
+        return
     kind, dtype_name, block = _common(reader, out)
-    gzip = reader.scale_info.sharding.data_encoding == "gzip"  # type: ignore[union-attr]
+    sharding = reader.scale_info.sharding
+    gzip = sharding is not None and sharding.data_encoding == "gzip"
+    limit = reader._max_stored_bytes()
     try:
-        _batch.decode_chunks(out, kind, dtype_name, block, spans, src, geom, gzip,  # type: ignore[union-attr]
-                             shards.max_chunk_bytes, stream,
-                             _scratch_for(shards.max_chunk_bytes + 1 if gzip else 0))
+        _batch.decode_chunks(out, kind, dtype_name, block, sources, src, geom, gzip,  # type: ignore[union-attr]
+                             limit, stream, _scratch_for(limit + 1 if gzip else 0))
     except _batch.ChunkDataError as e:  # type: ignore[union-attr]
         i, msg = e.args
-        raise CorruptChunkError(msg, chunk=name(int(index[i]) if index is not None else i)) from None
+        raise CorruptChunkError(msg, chunk=name(int(rows[i]) if rows is not None else i)) from None
+
+
+def _read_remote(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
+                 zeroed: bool, stream: bool) -> None:
+    """A box from a remote store: batches of chunks fetched on the I/O pool, many at once
+    (latency bounds the read), each decoded on the decode pool as it arrives, in pieces of a
+    few chunks so that one large fetch (a whole shard) still spreads over every core."""
+    from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, pipeline
+    from .volume import WHOLE_SHARD_MAX_BYTES
+
+    n = len(cells)
+    piece = reader._remote_batch(n, spread=True)  # chunks per decode task
+    jobs: list = []
+    in_flight = REMOTE_IN_FLIGHT
+    if reader.scale_info.sharding is None:
+        order = _page_order(cells, out)
+        jobs = [(None, order[k:k + piece], False) for k in range(0, n, piece)]
+    else:
+        ids, minis, shards, groups = _by_shard(reader, cells)
+        per = reader._remote_batch(n, spread=False)
+        largest = 0
+        for members in groups:
+            shard = int(shards[members[0]])
+            # a shard wanted whole costs one request instead of three rounds (shard index,
+            # minishard indices, data), as TensorStore reads it
+            whole = reader._whole_shard_bytes(cells, members)
+            if whole is not None and whole <= WHOLE_SHARD_MAX_BYTES:
+                jobs.append((shard, members, True))
+                largest = max(largest, whole)
+            else:
+                jobs += [(shard, members[k:k + per], False) for k in range(0, len(members), per)]
+        if largest:  # fewer whole shards in flight: their decoded size stays bounded
+            in_flight = max(2, min(REMOTE_IN_FLIGHT, REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES // largest))
+
+    def fetch(job) -> list:
+        shard, members, whole = job
+        if shard is None:
+            sources, src, name = _chunk_files(reader, cells[members])
+        else:
+            sources, src, name = _shard_sources(reader, shard, ids[members], minis[members],
+                                                cells[members], whole=whole, merge=False)
+        rows = np.arange(len(members))
+        return [(sources, src[k:k + piece], geom[members[k:k + piece]], name, rows[k:k + piece])
+                for k in range(0, len(members), piece)]
+
+    def decode(pieces: list) -> None:
+        for sources, src, g, name, rows in pieces:
+            _decode_rows(reader, out, sources, src, g, zeroed, stream, name, rows)
+
+    pipeline(jobs, fetch, decode, in_flight=in_flight, part=1)
+
+
+def _chunk_files(reader: ScaleReader, cells: np.ndarray):
+    """Unsharded chunks fetched from a remote store in one batch: (sources, rows, name(i))."""
+    blobs = reader.store.read_many([reader._unsharded_key(c) for c in cells],
+                                   limit=reader._max_stored_bytes())
+    src = np.zeros((len(cells), 3), np.int64)
+    src[:, 0] = -1
+    sources = []
+    for i, blob in enumerate(blobs):
+        if blob is not None:
+            src[i] = (len(sources), 0, len(blob))
+            sources.append(blob)
+    absent = np.flatnonzero(src[:, 0] < 0)
+    if len(absent):
+        if not reader.fill_missing:
+            raise MissingChunkError("is missing (fill_missing=False)",
+                                    chunk=reader._describe_missing(cells[int(absent[0])]))
+        record_filled(reader.url, len(absent))
+    return sources, src, lambda i: reader._describe_unsharded(cells[i])

@@ -246,6 +246,18 @@ class ShardReader:
         fetched is wasted, where `read_chunks` costs three rounds of requests. None when there
         is no `.shard` file (absent, or the obsolete `.index` + `.data` pair): ask
         `read_chunks`. The values may be views of the fetched file."""
+        got = self.fetch_whole_shard(shard, minishards)
+        if got is None:
+            return None
+        view, indices = got
+        out: list = [None] * len(chunk_ids)
+        want, ranges = self._locate(indices, chunk_ids, minishards, describe)
+        return self._finish(shard, out, want, ranges, [view[s:e] for s, e in ranges], describe)
+
+    def fetch_whole_shard(self, shard: int, minishards: np.ndarray
+                          ) -> tuple[memoryview, dict[int, MinishardIndex]] | None:
+        """The whole `.shard` file, fetched in one request, and the indices of `minishards`
+        parsed from it; None when there is no `.shard` file."""
         key = self._key(shard_filename(shard, self.spec))
         blob = self.store.read(key)
         ck = self._cache_key("form", shard)
@@ -268,9 +280,7 @@ class ShardReader:
             a, b = self.index_end + start, self.index_end + end
             indices[m] = (_EMPTY_MINISHARD if start == end
                           else self._parse_minishard(view[a:b], a, b, where))
-        out: list = [None] * len(chunk_ids)
-        want, ranges = self._locate(indices, chunk_ids, minishards, describe)
-        return self._finish(shard, out, want, ranges, [view[s:e] for s, e in ranges], describe)
+        return view, indices
 
     def _locate(self, indices, chunk_ids, minishards, describe):
         """(which of `chunk_ids` are stored, and the byte range of each) from their minishard
