@@ -95,8 +95,8 @@ class PrecomputedBackendArray(BackendArray):
         return data.reshape([n for i, n in enumerate(data.shape) if i not in squeeze]) \
             if squeeze else data
 
-
     def _order(self, key: tuple) -> str:
+        """The memory order of the read of `key` (see the class docstring)."""
         if self.order is not None:
             return self.order
         block = self.block
