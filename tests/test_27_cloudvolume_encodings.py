@@ -238,6 +238,16 @@ def test_crackle_pins_and_markov_streams_equal_cloudvolume(tmp_path, options, dt
                 name = "_".join(f"{o + b.start}-{o + b.stop}" for o, b in zip((1, 2, 3), box))
                 (path / "s0" / name).write_bytes(blob)
     assert formats - {(0, 0)}  # the variant is really there
+    from xarray_precomputed.codecs.crackle import labels_of
+    for blob_path in sorted((path / "s0").iterdir())[:4]:  # label sets: whole, z ranges
+        blob = blob_path.read_bytes()
+        (x0, x1), (y0, y1), (z0, z1) = (map(int, p.split("-")) for p in blob_path.name.split("_"))
+        cell = data[x0 - 1:x1 - 1, y0 - 2:y1 - 2, z0 - 3:z1 - 3, 0]
+        got = labels_of(blob, chunk_shape=cell.shape, dtype=dtype, chunk=blob_path.name)
+        np.testing.assert_array_equal(got, np.unique(cell))
+        got = labels_of(blob, chunk_shape=cell.shape, dtype=dtype, chunk=blob_path.name,
+                        z_range=(1, 3))
+        np.testing.assert_array_equal(got, np.unique(cell[:, :, 1:3]))
     url = f"file://{path}"
     vol = Volume.open(url, fill_missing=False).scale(0)
     assert_bitwise_equal(vol.read(), cloudvolume_read(url, 0))
