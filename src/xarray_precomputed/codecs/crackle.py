@@ -188,8 +188,9 @@ def labels_of(data, *, chunk_shape, dtype, chunk, z_range=None) -> np.ndarray:
     z0, z1 = (0, head.sz) if z_range is None else (int(z_range[0]), int(z_range[1]))
     try:
         if head.label_format != 0:
-            # pins: crackle-codec 0.55's labels() misses labels of such streams (found by the
-            # tests), and it reads a z range's labels only by decoding: decode
+            # pins: crackle-codec 0.55's labels() passes them through float64 (large uint64
+            # labels come back rounded, distinct ones merged; found by the tests), and it reads
+            # a z range's labels only by decoding: decode
             found = crackle.CrackleArray(buf, parallel=1)[:, :, z0:z1]
         elif z_range is None:  # flat labels: the label section lists them
             found = crackle.labels(buf)
