@@ -14,6 +14,7 @@ import pytest
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import MissingChunkError, PrecomputedError
 from xarray_precomputed.reading import base as base_mod
+from xarray_precomputed.reading import batched
 
 SCALES = [pytest.param(n, k, id=f"{n}-s{k}")
           for n, k in oracle.scale_cases(oracle.names(exclude=("missing",)))]
@@ -199,6 +200,18 @@ def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monk
             held[0] -= 1
 
     r._fetch = counting_fetch
+    if batched._batch is not None:
+        # batched: a batch's stored bytes are located and fetched in one call per batch
+        sources = batched._shard_sources
+
+        def counting_sources(reader, shard, ids, *args, **kw):
+            got = sources(reader, shard, ids, *args, **kw)
+            with lock:
+                held[0] += len(ids)
+                held[1] = max(held)
+            return got
+
+        monkeypatch.setattr(batched, "_shard_sources", counting_sources)
     r.for_each_chunk(cells, take)
     assert held[0] == 0
     assert 8 <= held[1] <= (cpu_pool_size() + 1) * 8
@@ -229,11 +242,39 @@ def test_unsharded_local_chunks_are_read_one_per_task(tmp_path):
         return read_with(key, counted, **kw)
 
     store.read_with = counting_read_with
+    if batched._batch is None:
+        try:
+            r.for_each_chunk(cells, lambda i, chunk: time.sleep(0.0002))
+        finally:
+            del store.read_with
+        assert 1 <= held[1] <= cpu_pool_size() and held[0] == 0
+        return
+    # batched: each task reads a batch of chunk files into its thread's buffer and hands them
+    # over from there; at most as many batches at once as there are cores
+    del store.read_with
+    files = batched._read_files
+    most = [0]
+
+    def counting_files(reader, cells_, *args):
+        with lock:
+            held[0] += len(cells_)
+            held[1] = max(held)
+            most[0] = max(most[0], len(cells_))
+        return files(reader, cells_, *args)
+
+    def take(i, chunk):
+        time.sleep(0.0002)
+        with lock:
+            held[0] -= 1
+
+    batched._read_files = counting_files
     try:
-        r.for_each_chunk(cells, lambda i, chunk: time.sleep(0.0002))
+        r.for_each_chunk(cells, take)
     finally:
-        del store.read_with
-    assert 1 <= held[1] <= cpu_pool_size() and held[0] == 0
+        batched._read_files = files
+    per = -(-len(cells) // (2 * base_mod.running_reads.cores))
+    assert held[0] == 0 and 1 <= most[0] <= per
+    assert held[1] <= base_mod.running_reads.cores * per
 
 
 def test_bounded_map_keeps_at_most_window_tasks_and_raises_the_first_failure():

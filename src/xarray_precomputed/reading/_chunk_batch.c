@@ -7,18 +7,21 @@
  * entry points use) and placed, or zero-filled when it is missing. Python then runs once per
  * batch instead of once per chunk (~200 us of Python per chunk stopped reads scaling at ~8 cores).
  *
- * decode_chunks(out, kind, dtype_name, block, sources, src, geom, gzip, max_bytes, stream, scratch)
+ * decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes,
+ *               stream, scratch)
  *     src: int64 (n, 3) rows [source index or -1 for a missing chunk, byte offset, byte length]
  *     into `sources` (bytes-like objects).
- * read_chunk_files(out, kind, dtype_name, block, prefix, keys, geom, max_bytes, stream, scratch)
+ * read_chunk_files(out, kind, dtype_name, block, channels, prefix, keys, geom, max_bytes, stream,
+ *                  scratch)
  * -> uint8[n]
  *     Chunk files named `prefix` + "x0-x1_y0-y1_z0-z1" (keys: int64 (n, 6)), each read whole:
  *     status 0 placed, 1 no such file, 2 left to the caller (larger than max_bytes).
  *
  * scratch: a writable buffer of the caller's, reused for inflated chunks and file contents (one of
  * max_bytes + 1 bytes is never outgrown).
- * geom: int64 (n, 12) rows [dest x y z, origin in the chunk x y z, extent x y z, chunk shape x y z]:
- * out[dest + i] = chunk voxel origin + i for i < extent, every channel.
+ * geom: int64 (n, 13) rows [dest x y z, origin in the chunk x y z, extent x y z, chunk shape x y z,
+ * dest channel]: out[dest + i, dest channel + c] = chunk voxel origin + i of channel c, for
+ * i < extent and c < channels (the chunk's channel count).
  *
  * Every geometry row is checked against `out` and its chunk shape before any byte is written;
  * every chunk's bytes are checked by its decoder. Bad bytes raise ChunkDataError(index, message)
@@ -53,6 +56,7 @@
 enum { KIND_RAW = 0, KIND_CSEG = 1 };
 enum { ST_PLACED = 0, ST_ABSENT = 1, ST_CALLER = 2 };
 #define MSG 320
+#define GEOM 13 /* columns of a geometry row */
 
 static PyObject *ChunkDataError;
 
@@ -182,7 +186,7 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
 /* Zeros into the destination region of one chunk (a missing chunk). */
 static void zero_region(batch *B, const int64_t *g)
 {
-    char *base = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2];
+    char *base = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2] + g[12] * B->st[3];
     for (Py_ssize_t c = 0; c < B->nc; c++)
         for (int64_t z = 0; z < g[8]; z++)
             for (int64_t y = 0; y < g[7]; y++) {
@@ -206,7 +210,7 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
         data = B->scratch;
         len = n;
     }
-    char *dst = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2];
+    char *dst = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2] + g[12] * B->st[3];
     if (B->kind == KIND_RAW) {
         uint64_t need = (uint64_t)g[9] * (uint64_t)g[10] * (uint64_t)g[11] * (uint64_t)B->nc *
                         (uint64_t)B->es; /* shapes < 2^31 and checked against max_bytes */
@@ -258,7 +262,7 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
 /* ------------------------------------------------------------------ arguments (GIL held) */
 
 static int setup(batch *B, PyObject *out_obj, int kind, const char *dtype_name, PyObject *block,
-                 int stream, unsigned long long max_bytes, Py_buffer *scratch)
+                 Py_ssize_t channels, int stream, unsigned long long max_bytes, Py_buffer *scratch)
 {
     memset(B, 0, sizeof *B);
     B->scratch = (unsigned char *)scratch->buf;
@@ -294,8 +298,12 @@ static int setup(batch *B, PyObject *out_obj, int kind, const char *dtype_name, 
         PyErr_SetString(PyExc_ValueError, "kind must be 0 (raw) or 1 (compressed_segmentation)");
         return -1;
     }
+    if (channels < 0 || channels > PyArray_DIM(out, 3)) {
+        PyErr_SetString(PyExc_ValueError, "channels must be in [0, out.shape[3]]");
+        return -1;
+    }
     B->kind = kind;
-    B->nc = PyArray_DIM(out, 3);
+    B->nc = channels;
     B->stream = stream;
     B->max_bytes = max_bytes;
     B->out = PyArray_BYTES(out);
@@ -323,7 +331,11 @@ static PyArrayObject *rows(PyObject *obj, int width, const char *what)
 static int check_geom(const batch *B, PyArrayObject *out, const int64_t *geom, npy_intp n)
 {
     for (npy_intp i = 0; i < n; i++) {
-        const int64_t *g = geom + 12 * i;
+        const int64_t *g = geom + GEOM * i;
+        if (g[12] < 0 || g[12] > PyArray_DIM(out, 3) - B->nc) {
+            PyErr_Format(PyExc_ValueError, "geometry row %zd: channels outside out", (Py_ssize_t)i);
+            return -1;
+        }
         for (int a = 0; a < 3; a++) {
             int64_t dest = g[a], org = g[3 + a], ext = g[6 + a], shape = g[9 + a];
             if (shape < 0 || shape > CSEG_DIM_LIMIT || ext < 0 || dest < 0 || org < 0 ||
@@ -335,7 +347,6 @@ static int check_geom(const batch *B, PyArrayObject *out, const int64_t *geom, n
             }
         }
     }
-    (void)B;
     return 0;
 }
 
@@ -371,11 +382,12 @@ static PyObject *decode_chunks(PyObject *self, PyObject *args)
     unsigned long long max_bytes;
     (void)self;
     Py_buffer scratch;
-    if (!PyArg_ParseTuple(args, "OisOOOOpKpw*", &out_obj, &kind, &dtype_name, &block, &sources,
-                          &src_obj, &geom_obj, &gzip, &max_bytes, &stream, &scratch))
+    Py_ssize_t channels;
+    if (!PyArg_ParseTuple(args, "OisOnOOOpKpw*", &out_obj, &kind, &dtype_name, &block, &channels,
+                          &sources, &src_obj, &geom_obj, &gzip, &max_bytes, &stream, &scratch))
         return NULL;
     batch B;
-    if (setup(&B, out_obj, kind, dtype_name, block, stream, max_bytes, &scratch) < 0) {
+    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &scratch) < 0) {
         PyBuffer_Release(&scratch);
         return NULL;
     }
@@ -389,7 +401,7 @@ static PyObject *decode_chunks(PyObject *self, PyObject *args)
     Py_ssize_t nsrc = PySequence_Fast_GET_SIZE(fast), held = 0;
     Py_buffer *views = NULL;
     PyObject *result = NULL;
-    if (src == NULL || (geom = rows(geom_obj, 12, "geom")) == NULL)
+    if (src == NULL || (geom = rows(geom_obj, GEOM, "geom")) == NULL)
         goto done;
     npy_intp n = PyArray_DIM(src, 0);
     if (PyArray_DIM(geom, 0) != n) {
@@ -421,7 +433,7 @@ static PyObject *decode_chunks(PyObject *self, PyObject *args)
         npy_intp bad = -1;
         Py_BEGIN_ALLOW_THREADS
         for (npy_intp i = 0; i < n; i++) {
-            const int64_t *s = S + 3 * i, *g = Gm + 12 * i;
+            const int64_t *s = S + 3 * i, *g = Gm + GEOM * i;
             if (s[0] < 0) {
                 zero_region(&B, g);
                 continue;
@@ -558,11 +570,13 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
     unsigned long long max_bytes;
     (void)self;
     Py_buffer scratch;
-    if (!PyArg_ParseTuple(args, "OisOy#OOKpw*", &out_obj, &kind, &dtype_name, &block, &prefix,
-                          &prefix_len, &keys_obj, &geom_obj, &max_bytes, &stream, &scratch))
+    Py_ssize_t channels;
+    if (!PyArg_ParseTuple(args, "OisOny#OOKpw*", &out_obj, &kind, &dtype_name, &block, &channels,
+                          &prefix, &prefix_len, &keys_obj, &geom_obj, &max_bytes, &stream,
+                          &scratch))
         return NULL;
     batch B;
-    if (setup(&B, out_obj, kind, dtype_name, block, stream, max_bytes, &scratch) < 0) {
+    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &scratch) < 0) {
         PyBuffer_Release(&scratch);
         return NULL;
     }
@@ -573,7 +587,7 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
     }
     PyArrayObject *keys = rows(keys_obj, 6, "keys"), *geom = NULL, *status = NULL;
     PyObject *result = NULL;
-    if (keys == NULL || (geom = rows(geom_obj, 12, "geom")) == NULL)
+    if (keys == NULL || (geom = rows(geom_obj, GEOM, "geom")) == NULL)
         goto done;
     npy_intp n = PyArray_DIM(keys, 0);
     if (PyArray_DIM(geom, 0) != n) {
@@ -594,7 +608,7 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         memcpy(path, prefix, (size_t)prefix_len);
         for (npy_intp i = 0; i < n; i++) {
-            const int64_t *k = K + 6 * i, *g = Gm + 12 * i;
+            const int64_t *k = K + 6 * i, *g = Gm + GEOM * i;
             snprintf(path + prefix_len, sizeof path - (size_t)prefix_len,
                      "%lld-%lld_%lld-%lld_%lld-%lld", (long long)k[0], (long long)k[1],
                      (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
@@ -628,7 +642,8 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
             int64_t got;
             if (stored_run(&B, g) &&
                 (uint64_t)size == (uint64_t)g[9] * g[10] * g[11] * B.nc * B.es) {
-                char *dst = B.out + g[0] * B.st[0] + g[1] * B.st[1] + g[2] * B.st[2];
+                char *dst = B.out + g[0] * B.st[0] + g[1] * B.st[1] + g[2] * B.st[2] +
+                            g[12] * B.st[3];
                 got = read_all(f.fd, dst, size);
                 if (got == size) {
                     close_file(f.fd);
@@ -694,11 +709,13 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_chunks", decode_chunks, METH_VARARGS,
-     "decode_chunks(out, kind, dtype_name, block, sources, src, geom, gzip, max_bytes, stream, "
+     "decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes, "
+     "stream, "
      "scratch): "
      "decode a batch of stored chunks into their regions of out, GIL released."},
     {"read_chunk_files", read_chunk_files, METH_VARARGS,
-     "read_chunk_files(out, kind, dtype_name, block, prefix, keys, geom, max_bytes, stream, "
+     "read_chunk_files(out, kind, dtype_name, block, channels, prefix, keys, geom, max_bytes, "
+     "stream, "
      "scratch) -> "
      "status: read and decode a batch of chunk files, GIL released."},
     {NULL, NULL, 0, NULL}};

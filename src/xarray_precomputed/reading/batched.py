@@ -52,7 +52,8 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
         axes.append((g, lo - s.start, lo - g * c, hi - lo, np.minimum(c, n - g * c)))
     # five quantities per axis (cell, dest, origin, extent, shape), each meshed over x, y, z
     grids = [np.meshgrid(axes[0][k], axes[1][k], axes[2][k], indexing="ij") for k in range(5)]
-    table = np.stack([grids[k][a].reshape(-1) for k in range(5) for a in range(3)], axis=1)
+    cols = [grids[k][a].reshape(-1) for k in range(5) for a in range(3)]
+    table = np.stack([*cols, np.zeros_like(cols[0])], axis=1)  # last: the first channel, 0
     return np.ascontiguousarray(table[:, :3]), np.ascontiguousarray(table[:, 3:])
 
 
@@ -145,7 +146,9 @@ def _common(reader: ScaleReader, out: np.ndarray):
 
 
 def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
-                zeroed: bool, stream: bool) -> None:
+                zeroed: bool, stream: bool) -> np.ndarray:
+    """Local chunk files read and decoded into their `geom` regions of `out`; the rows whose
+    chunk is missing (zero-filled unless `out` came zeroed)."""
     s = reader.scale_info
     store: LocalStore = reader.store  # type: ignore[assignment]
     prefix = os.fsencode(os.path.join(store.file_path(s.path), ""))
@@ -158,8 +161,9 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
     kind, dtype_name, block = _common(reader, out)
     try:
         limit = reader._max_stored_bytes()
-        status = _batch.read_chunk_files(out, kind, dtype_name, block, prefix, keys,  # type: ignore[union-attr]
-                                         geom, limit, stream, _scratch_for(limit + 1))
+        status = _batch.read_chunk_files(out, kind, dtype_name, block,  # type: ignore[union-attr]
+                                         reader.info.num_channels, prefix, keys, geom, limit,
+                                         stream, _scratch_for(limit + 1))
     except _batch.ChunkDataError as e:  # type: ignore[union-attr]
         i, msg = e.args
         raise CorruptChunkError(msg, chunk=reader._describe_unsharded(cells[i])) from None
@@ -169,10 +173,11 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
     left = np.flatnonzero(status)
     if len(left) < len(cells):
         store.found_plain(s.path)  # an absent chunk is then not looked for under other names
-    if len(left):
-        # absent here (perhaps stored compressed beside: the store looks), or larger than any chunk
-        request_counts["read"] -= len(left)
-        reader._read_cells_one_by_one(cells[left], geom[left], out, zeroed, stream)
+    if not len(left):
+        return left
+    # absent here (perhaps stored compressed beside: the store looks), or larger than any chunk
+    request_counts["read"] -= len(left)
+    return left[reader._read_cells_one_by_one(cells[left], geom[left], out, zeroed, stream)]
 
 
 def _page_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -322,8 +327,9 @@ def _decode_rows(reader: ScaleReader, out: np.ndarray, sources: list, src: np.nd
     gzip = sharding is not None and sharding.data_encoding == "gzip"
     limit = reader._max_stored_bytes()
     try:
-        _batch.decode_chunks(out, kind, dtype_name, block, sources, src, geom, gzip,  # type: ignore[union-attr]
-                             limit, stream, _scratch_for(limit + 1 if gzip else 0))
+        _batch.decode_chunks(out, kind, dtype_name, block,  # type: ignore[union-attr]
+                             reader.info.num_channels, sources, src, geom, gzip, limit, stream,
+                             _scratch_for(limit + 1 if gzip else 0))
     except _batch.ChunkDataError as e:  # type: ignore[union-attr]
         i, msg = e.args
         raise CorruptChunkError(msg, chunk=name(int(rows[i]) if rows is not None else i)) from None
@@ -397,3 +403,101 @@ def _chunk_files(reader: ScaleReader, cells: np.ndarray):
                                     chunk=reader._describe_missing(cells[int(absent[0])]))
         record_filled(reader.url, len(absent))
     return sources, src, lambda i: reader._describe_unsharded(cells[i])
+
+
+def usable_for_chunks(reader: ScaleReader) -> bool:
+    """Whether `for_each_chunk` of this scale can take the batched path."""
+    box = [slice(0, min(c, n)) for c, n in zip(reader.chunk_size, reader.scale_info.size)]
+    probe = np.empty((0, 0, 0, reader.info.num_channels), reader.dtype)
+    return usable(reader, box, probe)
+
+
+_slots = threading.local()
+
+
+def _chunk_slots(shape: tuple, count: int, dtype) -> np.ndarray:
+    """This thread's reused buffer for `count` whole chunks of `shape` (x, y, z, c), side by side
+    along the channel axis of a Fortran-ordered array: each chunk is then its stored layout."""
+    x, y, z, c = shape
+    key = (shape, np.dtype(dtype))
+    buf = getattr(_slots, "buf", None)
+    if buf is None or _slots.key != key or buf.shape[3] < count * c:
+        buf = _slots.buf = np.zeros((x, y, z, count * c), dtype, order="F")
+        _slots.key = key
+    return buf
+
+
+def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
+    """`ScaleReader.for_each_chunk` with the chunks of a batch read and decoded by one call of the
+    extension into a per-thread buffer of whole chunks, then handed to `fn` one by one."""
+    from .base import map_reads, pipeline, running_reads
+
+    n = len(cells)
+    remote = reader.store.batches_reads
+    per = reader._remote_batch(n, spread=False)
+    if not remote:
+        # enough batches for every decode thread, twice over
+        per = max(1, min(per, -(-n // (2 * running_reads.cores))))
+    c = np.asarray(reader.chunk_size, dtype=np.int64)
+    size = np.asarray(reader.scale_info.size, dtype=np.int64)
+    nc = reader.info.num_channels
+    shape = (*reader.chunk_size, nc)
+    sharding = reader.scale_info.sharding
+    if sharding is None:
+        every = np.arange(n)
+        jobs = [(None, every[k:k + per]) for k in range(0, n, per)]
+    else:
+        ids, minis, shards, groups = _by_shard(reader, cells)
+        jobs = [(int(shards[m[0]]), m[k:k + per]) for m in groups for k in range(0, len(m), per)]
+
+    def slots(members: np.ndarray):
+        """The buffer, and each member's geometry row: its whole chunk at z = slot * cz."""
+        k = len(members)
+        buf = _chunk_slots(shape, k, reader.dtype)
+        ext = np.minimum(c, size - cells[members] * c)
+        geom = np.zeros((k, 13), np.int64)
+        geom[:, 6:9] = ext
+        geom[:, 9:12] = ext
+        geom[:, 12] = np.arange(k) * nc
+        for j in np.flatnonzero((ext != c).any(axis=1)).tolist():
+            buf[..., j * nc:(j + 1) * nc] = 0  # past the volume's edge: 0
+        return buf, geom
+
+    def hand_over(members: np.ndarray, buf: np.ndarray, missing) -> None:
+        gone = set(np.asarray(missing).tolist())
+        for j, i in enumerate(members.tolist()):
+            fn(i, None if j in gone else buf[..., j * nc:(j + 1) * nc])
+
+    if not remote:
+        def run(job) -> None:
+            shard, members = job
+            buf, geom = slots(members)
+            if shard is None:
+                missing = _read_files(reader, cells[members], geom, buf, False, False)
+            else:
+                sources, src, name = _shard_sources(reader, shard, ids[members], minis[members],
+                                                    cells[members], whole=False, merge=True)
+                _decode_rows(reader, buf, sources, src, geom, False, False, name)
+                missing = np.flatnonzero(src[:, 0] < 0)
+            hand_over(members, buf, missing)
+
+        # as many batches at once as there are cores; in the caller's thread where every core
+        # has a caller already (a conversion's shard tasks in dask's threads)
+        map_reads(run, jobs, window=running_reads.cores)
+        return
+
+    def fetch(job):
+        shard, members = job
+        if shard is None:
+            return [(members, *_chunk_files(reader, cells[members]))]
+        return [(members, *_shard_sources(reader, shard, ids[members], minis[members],
+                                          cells[members], whole=False, merge=False))]
+
+    def decode(fetched) -> None:
+        for members, sources, src, name in fetched:
+            buf, geom = slots(members)
+            _decode_rows(reader, buf, sources, src, geom, False, False, name)
+            hand_over(members, buf, np.flatnonzero(src[:, 0] < 0))
+
+    from .base import REMOTE_IN_FLIGHT
+    pipeline(jobs, fetch, decode, in_flight=REMOTE_IN_FLIGHT)

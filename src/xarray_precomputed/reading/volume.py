@@ -280,6 +280,9 @@ class ScaleReader(ChunkedScaleReader):
         if len(cells) and ((cells < 0).any() or (cells >= grid).any()):
             raise PrecomputedError(f"grid cells outside the grid {tuple(self.grid_shape)} of "
                                    f"scale {self.scale_info.key!r}")
+        if batched.usable_for_chunks(self):
+            batched.for_each_chunk(self, cells, fn)
+            return
         per = self._remote_batch(len(cells), spread=False)
         if not self.store.batches_reads:
             # enough batches for every decode thread, twice over
@@ -374,11 +377,14 @@ class ScaleReader(ChunkedScaleReader):
         return True
 
     def _read_cells_one_by_one(self, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
-                               zeroed: bool, stream: bool) -> None:
+                               zeroed: bool, stream: bool) -> list[int]:
         """Unsharded chunks the batched path left: each read through the store (which finds a
-        file stored compressed beside its key) and decoded. `geom` rows as in batched.py."""
-        for cell, g in zip(cells, geom.tolist()):
-            view = out[tuple(slice(d, d + e) for d, e in zip(g[0:3], g[6:9]))]
+        file stored compressed beside its key) and decoded. `geom` rows as in batched.py. The
+        rows whose chunk is missing."""
+        missing = []
+        for row, (cell, g) in enumerate(zip(cells, geom.tolist())):
+            nc = self.info.num_channels
+            view = out[(*(slice(d, d + e) for d, e in zip(g[0:3], g[6:9])), slice(g[12], g[12] + nc))]
             blob = self.store.read(self._unsharded_key(cell), limit=self._max_stored_bytes())
             if blob is None:
                 if not self.fill_missing:
@@ -387,9 +393,11 @@ class ScaleReader(ChunkedScaleReader):
                 record_filled(self.url)
                 if not zeroed:
                     view[...] = 0
+                missing.append(row)
                 continue
             self._decode(blob, view, origin=tuple(g[3:6]), chunk_shape=tuple(g[9:12]),
                          chunk=Lazy(self._describe_unsharded, cell), stream=stream)
+        return missing
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,
