@@ -485,5 +485,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cseg_encode", NULL,
 PyMODINIT_FUNC PyInit__cseg_encode(void)
 {
     import_array();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#ifdef Py_GIL_DISABLED
+    /* no state shared between calls: safe without the GIL (free-threaded CPython) */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
 }

@@ -201,5 +201,11 @@ static struct PyModuleDef block_module = {
 PyMODINIT_FUNC PyInit__block(void)
 {
     import_array();
-    return PyModule_Create(&block_module);
+    PyObject *m = PyModule_Create(&block_module);
+#ifdef Py_GIL_DISABLED
+    /* no state shared between calls: safe without the GIL (free-threaded CPython) */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
 }

@@ -181,4 +181,13 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fileread", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fileread(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fileread(void)
+{
+    PyObject *m = PyModule_Create(&module);
+#ifdef Py_GIL_DISABLED
+    /* no state shared between calls: safe without the GIL (free-threaded CPython) */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
+}
