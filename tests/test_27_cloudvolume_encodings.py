@@ -506,6 +506,28 @@ def test_crackle_damaged_label_section_is_an_error(tmp_path):
         Volume.open(str(path)).scale(0).read()
 
 
+def test_crackle_label_section_naming_a_missing_label_is_an_error(tmp_path):
+    """A label section whose checksum holds but whose component map names a label it does not
+    list (a version 0 stream has no checksum; a crafted one) is refused before decoding: the
+    decoder would index past its label table."""
+    import crackle
+    import google_crc32c
+    data, stored = _chunk_of("crackle", (16, 16, 8), "uint64", 1)
+    head = crackle.header(stored)
+    start = head.header_bytes + head.grid_index_bytes
+    end = start + head.num_label_bytes
+    count = int.from_bytes(stored[start:start + 8], "little")
+    assert count < 255  # one-byte entries in the component map, which ends the section
+    damaged = bytearray(stored)
+    damaged[end - 1] = 255
+    crc = google_crc32c.Checksum(bytes(damaged[start:end])).digest()
+    at = len(stored) - 4 - 4 * head.sz
+    damaged[at:at + 4] = int.from_bytes(crc, "big").to_bytes(4, "little")
+    path = _one_chunk_volume(tmp_path, "crackle", "uint64", 1, bytes(damaged))
+    with pytest.raises(CorruptChunkError, match=rf"names label 255 of {count}"):
+        Volume.open(str(path)).scale(0).read()
+
+
 def test_crackle_chain_index_outside_the_slice_is_an_error(tmp_path):
     """A beginning-of-chain index pointing outside the corner grid would make crackle-codec write
     outside its buffers; it is refused first."""

@@ -20,6 +20,9 @@ first, with numpy, against what can be checked without decoding:
   lengths add up to exactly the stream's length (a truncated or padded stream is refused);
 - the label section's CRC-32C (version 1): the decoder does not check it, and a damaged label
   section decodes to wrong labels without an error;
+- the flat label section's structure (what CloudVolume writes; version 0 has no CRC over it):
+  the label count and component counts fit, the component map has exactly one entry per
+  component, and each names an existing label;
 - each slice's beginning-of-chain index: its size fits the slice, it parses to exactly that size,
   and every chain starts on the (sx + 1) x (sy + 1) grid of pixel corners.
 
@@ -101,6 +104,34 @@ def _check_boc(code: memoryview, sx: int, sy: int, z: int, fail) -> None:
         fail(f"z slice {z}: chain index parses to {pos - 4} bytes, its size says {size}")
 
 
+def _check_flat_labels(section: bytes, head, fail) -> None:
+    """The flat label section (what CloudVolume writes): u64 label count, the labels, each grid
+    cell's component count, then one label index per component. The decoder indexes the labels
+    with those indices and sizes its component map from the rest, unchecked; version 0 streams
+    have no CRC over this section, so its structure is checked here for every version."""
+    n = len(section)
+    if n < 8:
+        fail(f"a {n}-byte label section, shorter than its label count")
+    count = _uint(section, 0, 8)
+    pos = 8 + count * head.stored_data_width
+    cw = head.component_width()
+    grids = head.num_grids()
+    if count == 0 or pos + grids * cw > n:
+        fail(f"a label section of {n} bytes cannot hold {count} labels and {grids} component "
+             f"counts")
+    per_grid = np.frombuffer(section, f"<u{cw}", grids, pos).astype(np.uint64)
+    pos += grids * cw
+    components = int(per_grid.sum())
+    kw = _byte_width(count)
+    if n - pos != components * kw:
+        fail(f"the label section's component map holds {(n - pos) / kw:g} entries; its "
+             f"component counts add up to {components}")
+    if components:
+        top = int(np.frombuffer(section, f"<u{kw}", components, pos).max())
+        if top >= count:
+            fail(f"the component map names label {top} of {count}")
+
+
 def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
     """Validate a Crackle stream (see the module docstring); returns its header."""
 
@@ -148,6 +179,8 @@ def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
         labels = buf[hb + ib:hb + ib + head.num_label_bytes]
         if _crc32c(labels) != _uint(buf, n - trailer, 4):
             fail("the label section fails its CRC-32C")
+    if head.label_format == 0 and head.sx * head.sy * head.sz:
+        _check_flat_labels(buf[hb + ib:hb + ib + head.num_label_bytes], head, fail)
     view = memoryview(buf)
     pos = codes_at
     for z, length in enumerate(index.tolist()):
