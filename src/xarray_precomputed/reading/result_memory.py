@@ -10,10 +10,13 @@ every worker with `MALLOC_TRIM_THRESHOLD_=65536`, which fixes those thresholds f
 page faults per worker in five reductions of seg, a third of the reduction's time). Memory of our
 own, reused while it is free, does not depend on how the process tunes its allocator.
 
-A buffer is free when the pool holds the only reference to it: every array made from it refers to
-it (directly or through the array it views), so no array can outlive its memory, and a buffer is
-never handed out twice while one is alive. Total memory held is bounded; beyond it, and for sizes
-glibc keeps on its heap anyway, results come from numpy as before.
+Each hand-out wraps its buffer in an owner object of its own (a ctypes view of the mapping) that
+every array made from it refers to, directly or through the array it views; when the last of
+them is gone the owner's finalizer marks the buffer free. So no array outlives its memory and a
+buffer is never handed out twice while one is alive, without counting references (which the
+interpreter does not promise to report exactly, least of all a free-threaded one). Total memory
+held is bounded; beyond it, and for sizes glibc keeps on its heap anyway, results come from numpy
+as before.
 
 A look for a free buffer starts after the last one handed out and checks a few at most: blocks
 are mostly let go in the order they were taken, and a `.values` through dask keeps every block
@@ -25,10 +28,10 @@ sizes' free ones.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
-import sys
 import threading
 import weakref
 from typing import Literal
@@ -53,7 +56,8 @@ class ResultMemory:
     def __init__(self, max_bytes: int = MAX_BYTES, min_bytes: int = MIN_BYTES) -> None:
         self.max_bytes, self.min_bytes = max_bytes, min_bytes
         self._lock = threading.Lock()
-        self._buffers: dict[int, list[mmap.mmap]] = {}
+        # per size, [mapping, in use] pairs; the flag is cleared by the hand-out's finalizer
+        self._buffers: dict[int, list[list]] = {}
         self._next: dict[int, int] = {}   # per size, where the next look for a free one starts
         self._held = 0
         self.reused = self.created = 0
@@ -68,16 +72,19 @@ class ResultMemory:
         nbytes = count * dtype.itemsize
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype, order=order)
-        buf = self._take(-(-(nbytes + OFFSET) // mmap.PAGESIZE) * mmap.PAGESIZE)
-        if buf is None:
+        entry = self._take(-(-(nbytes + OFFSET) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if entry is None:
             return np.empty(shape, dtype, order=order)
-        return np.frombuffer(buf, dtype, count=count, offset=OFFSET).reshape(shape, order=order)
+        mapping = entry[0]
+        owner = (ctypes.c_char * len(mapping)).from_buffer(mapping)
+        weakref.finalize(owner, _release, entry)
+        return np.frombuffer(owner, dtype, count=count, offset=OFFSET).reshape(shape, order=order)
 
     @property
     def held_bytes(self) -> int:
         return self._held
 
-    def _take(self, size: int) -> mmap.mmap | None:
+    def _take(self, size: int) -> list | None:
         with self._lock:
             same = self._buffers.setdefault(size, [])
             start = self._next.get(size, 0)
@@ -89,6 +96,7 @@ class ResultMemory:
             if i is not None:
                 self._next[size] = i + 1
                 self.reused += 1
+                same[i][1] = True
                 return same[i]
             self._next[size] = (start + SCAN) % max(1, len(same))   # the next request: the next few
             if full:
@@ -96,11 +104,11 @@ class ResultMemory:
                 if self._held + size > self.max_bytes:
                     return None
             # private: a forked child gets copies, not the parent's memory to reuse beside it
-            buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-            same.append(buf)
+            entry = [mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), True]
+            same.append(entry)
             self._held += size
             self.created += 1
-            return buf
+            return entry
 
     def _evict(self, need: int, keep: int) -> None:
         """Unmaps free buffers of other sizes until `need` bytes are released (or none is left)."""
@@ -111,7 +119,7 @@ class ResultMemory:
                 i = _first_free(bufs)
                 if i is None:
                     break
-                bufs.pop(i).close()
+                bufs.pop(i)[0].close()
                 self._held -= size
                 need -= size
             if need <= 0:
@@ -123,20 +131,18 @@ def _renew_lock(pool: ResultMemory | None) -> None:
         pool._lock = threading.Lock()
 
 
+def _release(entry: list) -> None:
+    # Runs where the last array of a hand-out goes, perhaps inside the pool's own locked code (an
+    # array collected there): a plain store, no lock.
+    entry[1] = False
+
+
 def _first_free(bufs: list, start: int = 0, most: int | None = None) -> int | None:
-    """The index of a buffer nobody but the pool refers to, looking at `most` of them (all by
-    default) from `start` on, round the list."""
+    """The index of a buffer no array uses, looking at `most` of them (all by default) from
+    `start` on, round the list."""
     n = len(bufs)
     for k in range(n if most is None else min(n, most)):
         i = (start + k) % n
-        if sys.getrefcount(bufs[i]) <= _FREE_REFS:
+        if not bufs[i][1]:
             return i
     return None
-
-
-def _references_when_free() -> int:
-    bufs = [mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)]  # counted as _first_free counts
-    return sys.getrefcount(bufs[0])
-
-
-_FREE_REFS = _references_when_free()
