@@ -36,6 +36,9 @@ REQUIRE = _flag("XARRAY_PRECOMPUTED_REQUIRE_EXTENSIONS")
 GCC_FLAGS = ["-O3", "-std=c99", "-Wall"]
 MSVC_FLAGS = ["/O2", "/std:c11"]  # C11: inline, declarations after statements
 GCC_ONLY_EXTRA = {"-Wno-unused-function"}
+# MSVC also gets, force-included, the GCC builtins the sources use outside GCC-only sections
+MSVC_COMPAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "xarray_precomputed",
+                           "_msvc_compat.h")
 
 ZLIB_PROBE = "#include <zlib.h>\nint main(void) { return zlibVersion() == 0; }\n"
 
@@ -66,7 +69,8 @@ class BuildExt(build_ext):
         for e in self.extensions:
             extra = getattr(e, "_xp_extra", [])
             if msvc:
-                e.extra_compile_args = MSVC_FLAGS + [f for f in extra if f not in GCC_ONLY_EXTRA]
+                e.extra_compile_args = (MSVC_FLAGS + [f"/FI{MSVC_COMPAT}"]
+                                        + [f for f in extra if f not in GCC_ONLY_EXTRA])
             else:
                 e.extra_compile_args = GCC_FLAGS + list(extra)
             if getattr(e, "_xp_zlib", False):
