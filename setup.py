@@ -36,9 +36,13 @@ REQUIRE = _flag("XARRAY_PRECOMPUTED_REQUIRE_EXTENSIONS")
 GCC_FLAGS = ["-O3", "-std=c99", "-Wall"]
 MSVC_FLAGS = ["/O2", "/std:c11"]  # C11: inline, declarations after statements
 GCC_ONLY_EXTRA = {"-Wno-unused-function"}
-# MSVC also gets, force-included, the GCC builtins the sources use outside GCC-only sections
-MSVC_COMPAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "xarray_precomputed",
-                           "_msvc_compat.h")
+# MSVC also gets, force-included (/FI), the GCC builtins the sources use outside GCC-only
+# sections, as what MSVC offers: a prefetch is a hint, dropping it changes speed, never results.
+MSVC_COMPAT = """\
+#if defined(_MSC_VER) && !defined(__clang__)
+#define __builtin_prefetch(addr, ...) ((void)(addr))
+#endif
+"""
 
 ZLIB_PROBE = "#include <zlib.h>\nint main(void) { return zlibVersion() == 0; }\n"
 
@@ -66,10 +70,15 @@ class BuildExt(build_ext):
     def build_extensions(self):
         msvc = self.compiler.compiler_type == "msvc"
         have_zlib = None
+        if msvc:
+            os.makedirs(self.build_temp, exist_ok=True)
+            compat = os.path.abspath(os.path.join(self.build_temp, "xp_msvc_compat.h"))
+            with open(compat, "w") as f:
+                f.write(MSVC_COMPAT)
         for e in self.extensions:
             extra = getattr(e, "_xp_extra", [])
             if msvc:
-                e.extra_compile_args = (MSVC_FLAGS + [f"/FI{MSVC_COMPAT}"]
+                e.extra_compile_args = (MSVC_FLAGS + [f"/FI{compat}"]
                                         + [f for f in extra if f not in GCC_ONLY_EXTRA])
             else:
                 e.extra_compile_args = GCC_FLAGS + list(extra)
