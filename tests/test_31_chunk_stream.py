@@ -179,7 +179,7 @@ def _grid_volume(tmp_path, **kw):
 def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch):
     """Fetched chunks of local shards are held in at most one batch per decode thread plus one,
     whatever the number of cells: memory is bounded by the batch size, not by the volume."""
-    from xarray_precomputed.util import cpu_pool, cpu_pool_size
+    from xarray_precomputed.util import cpu_pool_size
 
     r, cells = _grid_volume(tmp_path, sharding=oracle.SHARD_ID_RAW_RAW)
     monkeypatch.setattr(base_mod, "REMOTE_BATCH_BYTES", 8 * 4 ** 3)   # 8 chunks per batch
@@ -221,7 +221,7 @@ def test_unsharded_local_chunks_are_read_one_per_task(tmp_path):
     """Local chunk files: each read goes into the store's per-thread buffer and is consumed from
     there, so no more chunks are held than there are decode threads, and the tasks waiting are
     bounded too (`bounded_map`)."""
-    from xarray_precomputed.util import cpu_pool, cpu_pool_size
+    from xarray_precomputed.util import cpu_pool_size
 
     r, cells = _grid_volume(tmp_path)
     store = r.store

@@ -8,16 +8,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import oracle
 import pytest
+import servers
 import xarray as xr
 
-import oracle
-import servers
-from xarray_precomputed import Volume
+from xarray_precomputed import Volume, util
+from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 from xarray_precomputed.format import sharding
 from xarray_precomputed.reading import shard_reader
-from xarray_precomputed import util
-from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 
 THREADS = 16
 READS_PER_THREAD = 12

@@ -249,6 +249,8 @@ def _source_kwargs(args, engine: str) -> dict[str, Any]:
         kw["labels"] = args.labels
     if not args.fill_missing:
         kw["fill_missing"] = False
+    if getattr(args, "missing_count", None) is not None:
+        kw["missing_count"] = args.missing_count
     return kw
 
 
@@ -258,12 +260,10 @@ def _open_source(args, engine: str):
     return xr.open_datatree(args.src, engine=engine, **_source_kwargs(args, engine))
 
 
-def _missing_line(url: str, before: int, scheduler: str | None) -> str:
-    from .reading.missing import filled_chunks
-
+def _missing_line(count, scheduler: str | None) -> str:
     if scheduler == "processes":
         return "missing source chunks: not counted with --scheduler processes"
-    n = filled_chunks(url) - before
+    n = count.chunks
     if n == 0:
         return "missing source chunks: none"
     return (f"missing source chunks: {n:,} read as 0 (absent in the source; --no-fill-missing "
@@ -334,12 +334,10 @@ class _WriteReport:
 
 
 def cmd_convert(args) -> int:
-    from .reading.missing import filled_chunks
-    from .storage import strip_scheme_prefix
+    from .reading.missing import MissingCount
 
     engine = args.engine or _guess_engine(args.src)
-    src_url = strip_scheme_prefix(args.src)  # as the readers name it
-    before = filled_chunks(src_url)
+    args.missing_count = MissingCount()  # this conversion's own count
     if args.to == "zarr":
         from .export.ome_zarr import to_ome_zarr
 
@@ -353,7 +351,7 @@ def cmd_convert(args) -> int:
             name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
             storage_options=args.dst_storage_options)
         print(report)
-        print(_missing_line(src_url, before, args.scheduler))
+        print(_missing_line(args.missing_count, args.scheduler))
         return 0
     from .export.ome_zarr import scale_matches
     from .writing.precomputed import to_precomputed
@@ -385,7 +383,7 @@ def cmd_convert(args) -> int:
     finally:
         written.close_bar()
     print(written.summary(args.dst))
-    print(_missing_line(src_url, before, None))
+    print(_missing_line(args.missing_count, None))
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import xarray as xr
 from xarray.backends import BackendEntrypoint
 
+from ..reading.missing import MissingCount, check_count, counted
 from ..storage import is_local, open_store, strip_scheme_prefix
 from .conventions import (
     DECODER_ARGS,
@@ -87,16 +88,19 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
     url = "https://github.com/janelia-flyem/dvid"
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "info", "scale", "group", "labels",
-                               "fill_missing", "storage_options", "drop_variables", *DECODER_ARGS)
+                               "fill_missing", "storage_options", "drop_variables",
+                               "missing_count", *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, info: Any = None, scale: Any = None,
                      group: str | None = None, labels: str = "agglomerated",
                      fill_missing: bool = True, storage_options: dict | None = None,
                      drop_variables: str | Iterable[str] | None = None,
+                     missing_count: MissingCount | None = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
-        """One scale of the export: `scale=` an index, key or resolution, or `group="s<k>"`.
+        """One scale of the export: `scale=` an index, key or resolution, or `group="s<k>"`;
+        `missing_count` (a `MissingCount`) counts the missing chunks its reads fill with 0.
         The decoding arguments are accepted for xarray's sake and change nothing."""
         from ..dvid.reader import DvidScaleReader, load_info
 
@@ -106,12 +110,13 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
         which = pick_scale(scale, group, len(vi.scales))
         reader = DvidScaleReader.open(os.fspath(filename_or_obj), vi, which, labels=labels,
                                       fill_missing=fill_missing, storage_options=storage_options)
-        return drop(dvid_dataset(reader), drop_variables)
+        return drop(dvid_dataset(counted(reader, check_count(missing_count))), drop_variables)
 
     def open_groups_as_dict(self, filename_or_obj, *, info: Any = None, group: str | None = None,
                             labels: str = "agglomerated", fill_missing: bool = True,
                             storage_options: dict | None = None,
                             drop_variables: str | Iterable[str] | None = None,
+                            missing_count: MissingCount | None = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
@@ -121,6 +126,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
 
         fill_missing = check_bool("fill_missing", fill_missing)
         storage_options = check_options(storage_options)
+        count = check_count(missing_count)
         url = strip_scheme_prefix(os.fspath(filename_or_obj))
         vi = load_info(info, storage_options=storage_options)
         scales = present_scales(url, len(vi.scales), storage_options)
@@ -131,9 +137,9 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
         })
         root.encoding = {"source": url, "format": "dvid_arrow_shards"}
         groups = scale_groups(
-            root, scales, lambda k: dvid_dataset(DvidScaleReader(
+            root, scales, lambda k: dvid_dataset(counted(DvidScaleReader(
                 url, vi, vi.scales[k], labels=labels, fill_missing=fill_missing,
-                storage_options=storage_options)),
+                storage_options=storage_options), count)),
             n_scales=len(vi.scales), group=group, drop_variables=drop_variables, what="export")
         return groups
 
@@ -141,12 +147,14 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
                       labels: str = "agglomerated", fill_missing: bool = True,
                       storage_options: dict | None = None,
                       drop_variables: str | Iterable[str] | None = None,
+                      missing_count: MissingCount | None = None,
                       mask_and_scale: Any = None, decode_times: Any = None,
                       decode_timedelta: Any = None, use_cftime: Any = None,
                       concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
         return xr.DataTree.from_dict(self.open_groups_as_dict(
             filename_or_obj, info=info, group=group, labels=labels, fill_missing=fill_missing,
-            storage_options=storage_options, drop_variables=drop_variables))
+            storage_options=storage_options, drop_variables=drop_variables,
+            missing_count=missing_count))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

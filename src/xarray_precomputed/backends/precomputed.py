@@ -17,6 +17,7 @@ from xarray.core import indexing
 
 from ..codecs.registry import encoding_options
 from ..errors import ArgumentError
+from ..reading.missing import MissingCount, check_count
 from ..reading.volume import ScaleReader, Volume
 from .conventions import (
     DECODER_ARGS,
@@ -289,10 +290,12 @@ def _looks_like_volume_dir(path: str) -> bool:
     return isinstance(doc, dict) and "scales" in doc and "data_type" in doc
 
 
-def _open_volume(filename_or_obj, fill_missing, storage_options, info) -> Volume:
+def _open_volume(filename_or_obj, fill_missing, storage_options, info,
+                 missing_count=None) -> Volume:
     return Volume.open(os.fspath(filename_or_obj), info=info,
                        storage_options=check_options(storage_options),
-                       fill_missing=check_bool("fill_missing", fill_missing))
+                       fill_missing=check_bool("fill_missing", fill_missing),
+                       missing_count=check_count(missing_count))
 
 
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
@@ -301,7 +304,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
-                               "preferred_chunks", "order",
+                               "preferred_chunks", "order", "missing_count",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
@@ -309,6 +312,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      chunk_size_index: int = 0, info: Any = None,
                      drop_variables: str | Iterable[str] | None = None,
                      preferred_chunks: str | None = None, order: str | None = None,
+                     missing_count: MissingCount | None = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -322,11 +326,12 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         order), "C", or None (the default: C for a read of exactly one preferred block, which is
         what each dask task of `chunks={}` reads, since dask assembles results in C order; F for
         every other read, `.values` included). xarray does not tell engines about `chunks=`, so
-        neither depends on it. The decoding arguments are accepted for xarray's sake and change
-        nothing."""
+        neither depends on it. `missing_count` (a `MissingCount`) counts the missing chunks the
+        dataset's reads fill with 0. The decoding arguments are accepted for xarray's sake and
+        change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
         which = pick_scale(scale, group, len(vol.info.scales))
         return drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
                                   preferred_chunks, order), drop_variables)
@@ -335,13 +340,15 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                             fill_missing: bool = True, storage_options: dict | None = None,
                             info: Any = None, drop_variables: str | Iterable[str] | None = None,
                             preferred_chunks: str | None = None, order: str | None = None,
+                            missing_count: MissingCount | None = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
                             decode_coords: Any = None) -> dict[str, xr.Dataset]:
         """The root `/` (volume-wide attrs) and one group `/s<k>` per scale; `group=` re-roots the
-        tree there, as xarray defines it. `preferred_chunks` and `order` as for open_dataset."""
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info)
+        tree there, as xarray defines it. `preferred_chunks`, `order` and `missing_count` as for
+        open_dataset."""
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
         root = xr.Dataset(attrs={
             "type": vol.info.type, "data_type": vol.info.data_type,
             "num_channels": vol.info.num_channels,
@@ -358,13 +365,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                       fill_missing: bool = True, storage_options: dict | None = None,
                       info: Any = None, drop_variables: str | Iterable[str] | None = None,
                       preferred_chunks: str | None = None, order: str | None = None,
+                      missing_count: MissingCount | None = None,
                       mask_and_scale: Any = None, decode_times: Any = None,
                       decode_timedelta: Any = None, use_cftime: Any = None,
                       concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
         return xr.DataTree.from_dict(self.open_groups_as_dict(
             filename_or_obj, group=group, fill_missing=fill_missing,
             storage_options=storage_options, info=info, drop_variables=drop_variables,
-            preferred_chunks=preferred_chunks, order=order))
+            preferred_chunks=preferred_chunks, order=order, missing_count=missing_count))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         """Without I/O for a URL: Neuroglancer's data-source forms (`precomputed://<url>`,

@@ -64,6 +64,11 @@ class Codec:
     # into large ones: faster for the compressed_segmentation decoder's scattered z-rows, ~5%
     # slower for raw's tiled transpose (docs/design.md, "Streaming stores into 16 MiB blocks").
     streams_blocks: bool = False
+    # A stored chunk is its voxels as they are (little-endian, Fortran order, no header).
+    plain: bool = False
+    # The decoder `reading/_chunk_batch.c` holds for this encoding (its numbering; see
+    # reading/batched.py), or None: chunks of it are decoded one by one through `decoder()`.
+    batch_kind: int | None = None
 
     def fits(self, data_type: str, num_channels: int) -> bool:
         """Whether this encoding can store `num_channels` channels of `data_type`."""
@@ -133,10 +138,10 @@ ZFPC_OPTIONS = ("zfpc_tolerance", "zfpc_rate", "zfpc_precision", "zfpc_correlate
 # Data type and channel rules are those TensorStore and Neuroglancer enforce (see
 # shared/specs/reference-behaviour.md); jxl's and compresso's follow CloudVolume's writers.
 CODECS: dict[str, Codec] = {c.name: c for c in (
-    Codec("raw", "raw", writable=True),
+    Codec("raw", "raw", writable=True, plain=True, batch_kind=0),
     Codec("compressed_segmentation", "compressed_segmentation", ("uint32", "uint64"),
           writable=True, encode_options=("block_size",), decode_params=_cseg_params,
-          streams_blocks=True),
+          streams_blocks=True, batch_kind=1),
     Codec("jpeg", "jpeg", ("uint8",), (1, 3), package="simplejpeg", extra="jpeg",
           writable=True, encode_options=("jpeg_quality",), recorded_options=("jpeg_quality",),
           shard_gzip=False),

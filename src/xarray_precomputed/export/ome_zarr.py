@@ -260,7 +260,8 @@ def _open_own_volume(url: str, open_kwargs: dict) -> Any:
 
     info = open_kwargs.get("info")
     return Volume.open(url, storage_options=open_kwargs.get("storage_options"),
-                       fill_missing=bool(open_kwargs.get("fill_missing", True)), info=info)
+                       fill_missing=bool(open_kwargs.get("fill_missing", True)), info=info,
+                       missing_count=open_kwargs.get("missing_count"))
 
 
 def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block,

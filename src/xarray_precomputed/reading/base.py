@@ -149,10 +149,13 @@ def _parse_cached(text: str) -> VolumeInfo:
     return parse_info(text)
 
 
-def _restore(cls, url, options_json, info_text, scale_index, fill_missing, state):
+def _restore(cls, url, options_json, info_text, scale_index, fill_missing, state,
+             missing_count=None):
     info = _parse_cached(info_text)
-    return cls(url, info, info.scales[scale_index], storage_options=json.loads(options_json),
-               fill_missing=fill_missing, **state)
+    reader = cls(url, info, info.scales[scale_index], storage_options=json.loads(options_json),
+                 fill_missing=fill_missing, **state)
+    reader.missing_count = missing_count
+    return reader
 
 
 # (member index, stored bytes or None when the chunk is absent, the chunk's name for errors)
@@ -176,6 +179,8 @@ class ChunkedScaleReader(ABC):
         self.scale_info = scale
         self.storage_options = dict(storage_options or {})
         self.fill_missing = fill_missing
+        # the token of the MissingCount that counts this reader's missing chunks (reading.missing)
+        self.missing_count: str | None = None
         self.chunk_size_index = chunk_size_index
         self.chunk_size: tuple[int, int, int] = scale.chunk_sizes[chunk_size_index]
         self.grid_shape = scale.grid_shape(chunk_size_index)
@@ -230,7 +235,8 @@ class ChunkedScaleReader(ABC):
     def __reduce__(self):
         return (_restore, (type(self), self.url, store_options_key(self.storage_options),
                            json.dumps(self.info.to_json(), sort_keys=True),
-                           self.scale_info.index, self.fill_missing, self._state()))
+                           self.scale_info.index, self.fill_missing, self._state(),
+                           self.missing_count))
 
     @property
     def store(self) -> Store:
@@ -337,7 +343,7 @@ class ChunkedScaleReader(ABC):
     def _missing(self, name, job, out: np.ndarray, zeroed: bool) -> None:
         if not self.fill_missing:
             raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
-        record_filled(self.url)
+        record_filled(self.missing_count)
         if not zeroed:
             out[dest_index(job)] = 0
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import _native
+from .._native import load
+from ..codecs import get_codec
 from ..errors import CorruptChunkError, MissingChunkError, ShardFormatError
 from ..format.morton import compressed_morton
 from ..format.sharding import chunk_location
@@ -31,10 +32,8 @@ from .missing import record_filled
 if TYPE_CHECKING:
     from .volume import ScaleReader
 
-_batch = _native.load("xarray_precomputed.reading._chunk_batch")
+_batch = load("xarray_precomputed.reading._chunk_batch")
 
-# The encodings whose decoders the extension holds, by its numbering.
-KINDS = {"raw": 0, "compressed_segmentation": 1}
 # Batches per decode thread of a read spread over the pool: enough that threads finishing early
 # find more, few enough that the Python of each batch stays small against its chunks.
 BATCHES_PER_CORE = 4
@@ -61,7 +60,7 @@ def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     """Whether this read can take the batched path."""
     if _batch is None or not all(isinstance(s, slice) for s in sel):
         return False
-    kind = KINDS.get(reader.scale_info.encoding)
+    kind = get_codec(reader.scale_info.encoding).batch_kind  # the extension's numbering
     if kind is None or not out.dtype.isnative:
         return False
     if kind == 0 and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
@@ -139,8 +138,8 @@ def _scratch_for(nbytes: int) -> np.ndarray:
 
 
 def _common(reader: ScaleReader, out: np.ndarray):
-    kind = KINDS[reader.scale_info.encoding]
-    block = (tuple(reader.scale_info.compressed_segmentation_block_size) if kind == 1
+    kind = get_codec(reader.scale_info.encoding).batch_kind
+    block = (tuple(reader.scale_info.compressed_segmentation_block_size or ()) if kind == 1
              else (1, 1, 1))
     return kind, reader.info.dtype.name, block
 
@@ -194,7 +193,7 @@ def _by_shard(reader: ScaleReader, cells: np.ndarray):
     """(chunk ids, minishards, shards, the positions of each shard's chunks): grouped by shard,
     then minishard and id, so that a piece of a group reads one run of its file."""
     ids = compressed_morton(cells, reader.grid_shape)
-    shards, minis = chunk_location(ids, reader.scale_info.sharding)
+    shards, minis = chunk_location(ids, reader.scale_info.sharding)  # type: ignore[arg-type]
     order = np.lexsort((ids, minis, shards))
     return ids, minis, shards, np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
 
@@ -239,9 +238,9 @@ def _shard_sources(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.n
         big = found & (ends - starts > shards.max_chunk_bytes)
         if big.any():
             i = int(np.flatnonzero(big)[0])
-            s, e = int(starts[i]), int(ends[i])
+            a, b = int(starts[i]), int(ends[i])
             raise ShardFormatError(
-                f"data [{s}, {e}) ({e - s} bytes) runs past the end of any chunk this scale can "
+                f"data [{a}, {b}) ({b - a} bytes) runs past the end of any chunk this scale can "
                 f"store (at most {shards.max_chunk_bytes} bytes)", chunk=name(i))
     src = np.zeros((n, 3), np.int64)
     src[:, 0] = -1
@@ -306,7 +305,7 @@ def _shard_sources(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.n
             tried = shards.absent_names(shard) if indices is None else None
             raise MissingChunkError("is missing (fill_missing=False)", chunk=name(i) + (
                 f" (no shard file: looked for {', '.join(tried)})" if tried else ""))
-        record_filled(reader.url, len(absent))
+        record_filled(reader.missing_count, len(absent))
     return sources, src, name
 
 
@@ -391,7 +390,7 @@ def _chunk_files(reader: ScaleReader, cells: np.ndarray):
                                    limit=reader._max_stored_bytes())
     src = np.zeros((len(cells), 3), np.int64)
     src[:, 0] = -1
-    sources = []
+    sources: list = []
     for i, blob in enumerate(blobs):
         if blob is not None:
             src[i] = (len(sources), 0, len(blob))
@@ -401,7 +400,7 @@ def _chunk_files(reader: ScaleReader, cells: np.ndarray):
         if not reader.fill_missing:
             raise MissingChunkError("is missing (fill_missing=False)",
                                     chunk=reader._describe_missing(cells[int(absent[0])]))
-        record_filled(reader.url, len(absent))
+        record_filled(reader.missing_count, len(absent))
     return sources, src, lambda i: reader._describe_unsharded(cells[i])
 
 
@@ -443,6 +442,7 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
     nc = reader.info.num_channels
     shape = (*reader.chunk_size, nc)
     sharding = reader.scale_info.sharding
+    jobs: list[tuple[int | None, np.ndarray]]
     if sharding is None:
         every = np.arange(n)
         jobs = [(None, every[k:k + per]) for k in range(0, n, per)]

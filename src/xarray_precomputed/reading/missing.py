@@ -1,25 +1,65 @@
-"""Chunks read as 0 because they are absent, counted per process and per volume URL.
+"""Counting the chunks read as 0 because they are absent.
 
 Reading fills missing chunks with 0 by default; a conversion should say how much of its output is
-such filler. Counts are reads, not distinct chunks: a chunk read by two tasks counts twice (the
-CLI's conversions read each source chunk once). Counts made in other processes (dask's process
-scheduler, distributed workers) are not seen here."""
+such filler. The count belongs to whoever asks for it: a `MissingCount` handed to the reads
+(`Volume.open(..., missing_count=)`, or the engine's `missing_count=`) counts theirs and nobody
+else's, so two conversions of one volume in a process each see their own. Readers carry only
+the count's token, which survives pickling: tasks run in this process's threads find the count
+again; counts made in other processes (dask's process scheduler, distributed workers) are not
+seen. Counts are reads, not distinct chunks: a chunk read by two tasks counts twice.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
-
-_lock = threading.Lock()
-_filled: Counter = Counter()
+import uuid
+import weakref
 
 
-def record_filled(url: str, n: int = 1) -> None:
-    with _lock:
-        _filled[url] += n
+class MissingCount:
+    """Missing chunks read as 0 by the reads that carry this count."""
+
+    def __init__(self) -> None:
+        self.token = uuid.uuid4().hex
+        self._n = 0
+        self._lock = threading.Lock()
+        _counts[self.token] = self
+
+    def add(self, n: int = 1) -> None:
+        with self._lock:
+            self._n += n
+
+    @property
+    def chunks(self) -> int:
+        """Missing chunks read as 0 so far."""
+        return self._n
+
+    def __repr__(self) -> str:
+        return f"<MissingCount {self._n} chunks>"
 
 
-def filled_chunks(url: str | None = None) -> int:
-    """Missing chunks read as 0 so far in this process (for `url`, or for every volume)."""
-    with _lock:
-        return _filled[url] if url is not None else sum(_filled.values())
+_counts: weakref.WeakValueDictionary[str, MissingCount] = weakref.WeakValueDictionary()
+
+
+def check_count(value) -> MissingCount | None:
+    """A `missing_count=` argument: a MissingCount or None."""
+    from ..errors import ArgumentError
+
+    if value is not None and not isinstance(value, MissingCount):
+        raise ArgumentError(f"missing_count must be a MissingCount or None, got {value!r}")
+    return value
+
+
+def counted(reader, count: MissingCount | None):
+    """`reader`, its missing chunks counted by `count` (None: not counted)."""
+    reader.missing_count = None if count is None else count.token
+    return reader
+
+
+def record_filled(token: str | None, n: int = 1) -> None:
+    """`n` missing chunks read as 0 by a reader carrying `token` (None: nobody counts them)."""
+    if token is None:
+        return
+    count = _counts.get(token)
+    if count is not None:
+        count.add(n)

@@ -78,7 +78,8 @@ class ResultMemory:
         mapping = entry[0]
         owner = (ctypes.c_char * len(mapping)).from_buffer(mapping)
         weakref.finalize(owner, _release, entry)
-        return np.frombuffer(owner, dtype, count=count, offset=OFFSET).reshape(shape, order=order)
+        return np.frombuffer(owner, dtype, count=count,  # type: ignore[call-overload]
+                             offset=OFFSET).reshape(shape, order=order)
 
     @property
     def held_bytes(self) -> int:

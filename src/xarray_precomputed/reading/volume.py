@@ -22,7 +22,8 @@ from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..storage import open_store, strip_scheme_prefix
-from ..util import cpu_pool, cpu_pool_size
+from ..util import cpu_pool_size
+from . import batched
 from .base import (
     REMOTE_BATCH_BYTES,
     REMOTE_IN_FLIGHT,
@@ -33,8 +34,7 @@ from .base import (
     pipeline,
     running_reads,
 )
-from . import batched
-from .missing import record_filled
+from .missing import MissingCount, record_filled
 from .shard_reader import ShardReader, positions_by_value
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
@@ -49,16 +49,18 @@ class Volume:
     """A precomputed volume: its parsed `info` and access to each scale."""
 
     def __init__(self, url: str, info: VolumeInfo, *, storage_options: dict | None = None,
-                 fill_missing: bool = True):
+                 fill_missing: bool = True, missing_count: MissingCount | None = None):
         self.url = strip_scheme_prefix(url)
         self.info = info
         self.storage_options = dict(storage_options or {})
         self.fill_missing = fill_missing
+        self.missing_count = missing_count
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, fill_missing: bool = True,
-             info: Any = None) -> "Volume":
-        """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file."""
+             info: Any = None, missing_count: MissingCount | None = None) -> "Volume":
+        """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file;
+        `missing_count` counts the missing chunks its reads fill with 0."""
         url = strip_scheme_prefix(str(url))
         if info is None:
             store = open_store(url, storage_options)
@@ -67,7 +69,8 @@ class Volume:
                 raise _no_info(url, store, storage_options)
             info = text
         parsed = info if isinstance(info, VolumeInfo) else parse_info(info)
-        return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing)
+        return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing,
+                   missing_count=missing_count)
 
     @property
     def scales(self) -> tuple[ScaleInfo, ...]:
@@ -75,8 +78,11 @@ class Volume:
 
     def scale(self, which: int | str | Sequence[float] = 0, *, chunk_size_index: int = 0) -> "ScaleReader":
         s = self.info.find_scale(which)
-        return ScaleReader(self.url, self.info, s, storage_options=self.storage_options,
-                           fill_missing=self.fill_missing, chunk_size_index=chunk_size_index)
+        reader = ScaleReader(self.url, self.info, s, storage_options=self.storage_options,
+                             fill_missing=self.fill_missing, chunk_size_index=chunk_size_index)
+        if self.missing_count is not None:
+            reader.missing_count = self.missing_count.token
+        return reader
 
     def __repr__(self) -> str:
         return (f"<Volume {self.url!r} {self.info.type} {self.info.data_type} "
@@ -96,7 +102,7 @@ class ScaleReader(ChunkedScaleReader):
                          fill_missing=fill_missing, chunk_size_index=chunk_size_index)
         self._decoder = get_decoder(scale.encoding)
         self.streams_blocks = get_codec(scale.encoding).streams_blocks
-        self.stores_plain_voxels = scale.encoding == "raw" and plain_voxels(info.dtype)
+        self.stores_plain_voxels = get_codec(scale.encoding).plain and plain_voxels(info.dtype)
         # Unsharded: one fetch group is the whole read, spread over the workers when remote.
         self.spread_batches = scale.sharding is None
 
@@ -299,7 +305,7 @@ class ScaleReader(ChunkedScaleReader):
                 batches += [((shard, ids, minis, None), members[k:k + per])
                             for k in range(0, len(members), per)]
         shape = (*self.chunk_size, self.info.num_channels)
-        raw = self.scale_info.encoding == "raw"
+        raw = get_codec(self.scale_info.encoding).plain
 
         def fetch(batch):
             return self._fetch(batch[0], batch[1], cells)
@@ -309,7 +315,7 @@ class ScaleReader(ChunkedScaleReader):
                 if blob is None:
                     if not self.fill_missing:
                         raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
-                    record_filled(self.url)
+                    record_filled(self.missing_count)
                     fn(i, None)
                     continue
                 cell = self._cell_shape(cells[i])
@@ -390,7 +396,7 @@ class ScaleReader(ChunkedScaleReader):
                 if not self.fill_missing:
                     raise MissingChunkError("is missing (fill_missing=False)",
                                             chunk=self._describe_missing(cell))
-                record_filled(self.url)
+                record_filled(self.missing_count)
                 if not zeroed:
                     view[...] = 0
                 missing.append(row)

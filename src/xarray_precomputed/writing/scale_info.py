@@ -167,7 +167,7 @@ def same_scale(a: dict, b: dict) -> bool:
 
 
 def _wrap(scale: dict) -> dict:
-    codec = CODECS.get(scale.get("encoding"))  # a data type the encoding stores
+    codec = CODECS.get(str(scale.get("encoding")))  # a data type the encoding stores
     dt = codec.data_types[-1] if codec is not None and codec.data_types else "uint8"
     nc = 1
     return {"type": "image", "data_type": dt, "num_channels": nc, "scales": [scale]}
