@@ -64,9 +64,9 @@ def codec_rows(repeat: int) -> list[tuple[str, float, float]]:
     for order in "CF":
         dst = np.empty((64, 64, 64, 1), np.uint8, order=order)
         rows.append((f"raw copy, 64³ uint8 chunk, {order}-ordered out", dst.nbytes / best(
-            lambda: fortran.copy_fortran_chunk(raw, dst, (64, 64, 64), (0, 0, 0)), repeat * 20),
-            dst.nbytes / best(lambda: fortran_fallback.copy_fortran_chunk(
-                raw, dst, (64, 64, 64), (0, 0, 0)), repeat * 20)))
+            lambda d=dst: fortran.copy_fortran_chunk(raw, d, (64, 64, 64), (0, 0, 0)), repeat * 20),
+            dst.nbytes / best(lambda d=dst: fortran_fallback.copy_fortran_chunk(
+                raw, d, (64, 64, 64), (0, 0, 0)), repeat * 20)))
     block = gzip.decompress((DATA / "dvid" / "fib19-64x64x64-sample1-block.dat.gz").read_bytes())
     c_ext = dvid_block._block
 
