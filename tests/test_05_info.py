@@ -430,3 +430,12 @@ def test_error_names_second_scale_not_first():
     info["scales"][2]["size"] = [1, 2]
     e = reject(info, "size", "third")
     assert "8_8_40" not in str(e)
+
+
+def test_an_info_file_that_is_not_json_is_named_in_the_error(tmp_path):
+    from xarray_precomputed import Volume
+
+    (tmp_path / "info").write_text("{ not json")
+    with pytest.raises(InfoError) as e:
+        Volume.open(str(tmp_path))
+    assert str(tmp_path / "info") in str(e.value) and "not valid JSON" in str(e.value)

@@ -63,6 +63,12 @@ class LRUCache:
             self._d.clear()
             self._bytes = 0
 
+    def discard_if(self, stale) -> None:
+        """Drop every entry whose key `stale(key)` says is stale."""
+        with self._lock:
+            for key in [k for k in self._d if stale(k)]:
+                self._bytes -= self._d.pop(key)[1]
+
 
 _inflight_lock = threading.Lock()
 _inflight: dict = {}

@@ -316,10 +316,15 @@ _EMPTY_MINISHARD = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
                                   np.zeros(0, np.int64))
 
 
-def forget_cached_indices() -> None:
-    """Drop every cached index and shard form: a writer in this process replaced shard files."""
-    minishard_cache.clear()
-    shard_form_cache.clear()
+def forget_cached_indices(url: str | None = None) -> None:
+    """Drop the cached indices and shard forms of the volume at `url` (a store's URL; None: of
+    every volume): a writer in this process replaced its shard files."""
+    if url is None:
+        minishard_cache.clear()
+        shard_form_cache.clear()
+        return
+    for cache in (minishard_cache, shard_form_cache):
+        cache.discard_if(lambda key: key[0] == url)
 
 
 def positions_by_value(values: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:

@@ -62,13 +62,14 @@ class Volume:
         """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file;
         `missing_count` counts the missing chunks its reads fill with 0."""
         url = strip_scheme_prefix(str(url))
+        source = None
         if info is None:
             store = open_store(url, storage_options)
             text = store.read("info")
             if text is None:
                 raise _no_info(url, store, storage_options)
-            info = text
-        parsed = info if isinstance(info, VolumeInfo) else parse_info(info)
+            info, source = text, store.describe("info")
+        parsed = info if isinstance(info, VolumeInfo) else parse_info(info, source=source)
         return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing,
                    missing_count=missing_count)
 

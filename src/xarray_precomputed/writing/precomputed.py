@@ -163,7 +163,7 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
             write_progress.detach(run)
     store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
     # Readers in this process may have cached indices of the shard files just replaced.
-    forget_cached_indices()
+    forget_cached_indices(store.url)
     return parsed
 
 
