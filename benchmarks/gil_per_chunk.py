@@ -93,15 +93,29 @@ def build(work: Path, scale: int) -> dict[str, Path]:
     return paths
 
 
-def measure(python: str, pyspy: str, volume: Path, reads: int) -> tuple[float, int, float]:
+READS = {
+    "values": "(v,) = xr.open_dataset({path!r}, engine='precomputed').data_vars.values()\n"
+              "    return v.values",
+    "dask-max": "(v,) = xr.open_dataset({path!r}, engine='precomputed', chunks={{}}).data_vars.values()\n"
+                "    return v.max().compute()",
+}
+
+
+def measure(python: str, pyspy: str, volume: Path, reads: int,
+            how: str = "values") -> tuple[float, int, float]:
     """(us of GIL held per chunk, chunks per read, seconds held outside any Python frame) over
-    `reads` `.values` reads of `volume`."""
+    `reads` reads of `volume`: `.values`, or with `how="dask-max"` `chunks={}` then `.max()`
+    (dask's threaded scheduler: its own Python per task counts too)."""
+    body = READS[how].format(path=str(volume))
     prog = f"""
 import warnings; warnings.filterwarnings('ignore')
 import xarray as xr, xarray_precomputed, numpy as np, dask.array
+try:
+    import distributed  # dask's first compute imports it when installed: not inside the loop
+except ImportError:
+    pass
 def read():
-    (v,) = xr.open_dataset({str(volume)!r}, engine='precomputed').data_vars.values()
-    return v.values
+    {body}
 def setup():
     read()
 def loop():
@@ -139,14 +153,18 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=2)
     ap.add_argument("--reads", type=int, default=20)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "xp-gil"))
+    ap.add_argument("--how", choices=sorted(READS), action="append",
+                    help="what a read is (default: values; repeat for several)")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     paths = build(Path(args.work), args.scale)
     print(f"{os.cpu_count()} cores; {args.reads} reads of each volume under py-spy --gil")
-    for name, path in paths.items():
-        us, chunks, frameless = measure(sys.executable, pyspy, path, args.reads)
-        print(f"{name}: {chunks} chunks, {us:.1f} us of GIL per chunk (open_dataset and .values; "
-              f"{frameless:.2f} s held outside Python frames left out)", flush=True)
+    for how in args.how or ["values"]:
+        for name, path in paths.items():
+            us, chunks, frameless = measure(sys.executable, pyspy, path, args.reads, how)
+            print(f"{name} {how}: {chunks} chunks, {us:.1f} us of GIL per chunk (open_dataset "
+                  f"and the read; {frameless:.2f} s held outside Python frames left out)",
+                  flush=True)
 
 
 if __name__ == "__main__":

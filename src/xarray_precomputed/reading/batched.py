@@ -37,6 +37,9 @@ _batch = load("xarray_precomputed.reading._chunk_batch")
 # Batches per decode thread of a read spread over the pool: enough that threads finishing early
 # find more, few enough that the Python of each batch stays small against its chunks.
 BATCHES_PER_CORE = 4
+# Chunks of a batch at least, where a read is spread over the pool: a batch costs its thread
+# hand-off and its Python (a dask block of 8 seg chunks split in 8 held the GIL ~170 us a chunk).
+MIN_BATCH_CHUNKS = 4
 
 
 def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
@@ -49,10 +52,16 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
         lo = np.maximum(s.start, g * c)
         hi = np.minimum(s.stop, (g + 1) * c)
         axes.append((g, lo - s.start, lo - g * c, hi - lo, np.minimum(c, n - g * c)))
-    # five quantities per axis (cell, dest, origin, extent, shape), each meshed over x, y, z
-    grids = [np.meshgrid(axes[0][k], axes[1][k], axes[2][k], indexing="ij") for k in range(5)]
-    cols = [grids[k][a].reshape(-1) for k in range(5) for a in range(3)]
-    table = np.stack([*cols, np.zeros_like(cols[0])], axis=1)  # last: the first channel, 0
+    # five quantities per axis (cell, dest, origin, extent, shape), each spread over x, y, z;
+    # the last column, the first channel of the destination, stays 0
+    counts = [len(a[0]) for a in axes]
+    table = np.zeros((*counts, 16), np.int64)
+    for a, parts in enumerate(axes):
+        shape = [1, 1, 1]
+        shape[a] = counts[a]
+        for k, values in enumerate(parts):
+            table[..., 3 * k + a] = values.reshape(shape)
+    table = table.reshape(-1, 16)
     return np.ascontiguousarray(table[:, :3]), np.ascontiguousarray(table[:, 3:])
 
 
@@ -93,7 +102,8 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     # Chunk files are spread over the pool however small the read (each waits on the disk); the
     # chunks of a shard only when there is enough to decode.
     spread = not inline and n > 1 and (sharding is None or out.nbytes > _INLINE_BYTES)
-    pieces = BATCHES_PER_CORE * running_reads.cores if spread else 1
+    pieces = min(BATCHES_PER_CORE * running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
+    pieces = max(1, pieces)
     jobs: list = []
     if sharding is None:
         order = _page_order(cells, out)
