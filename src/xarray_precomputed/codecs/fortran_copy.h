@@ -18,6 +18,14 @@
 #define TX 32
 #define TZ 32
 
+/* A hint to fetch the line at `p` (for reading, rw 0, or writing, rw 1); nothing where the
+ * compiler has no such builtin (MSVC). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p, rw) __builtin_prefetch((p), (rw))
+#else
+#define PREFETCH(p, rw) ((void)(p))
+#endif
+
 #define DEFINE_COPY(NAME, T)                                                                     \
     static void NAME(const char *src, char *dst, Py_ssize_t nx, Py_ssize_t ny, Py_ssize_t nz,     \
                      Py_ssize_t nc, Py_ssize_t ssy, Py_ssize_t ssz, Py_ssize_t ssc,                \
@@ -505,11 +513,9 @@ static inline void copy_transposed(const char *src, char *dst, Py_ssize_t nx, Py
                     char *dplane = dst + y * ds[1] + c * ds[3];
                     if (y + 4 < ny) {
                         for (Py_ssize_t z = 0; z < tz; z++)
-                            __builtin_prefetch(splane + (4 * ssy + (z0 + z) * ssz + x0) * itemsize,
-                                               0);
+                            PREFETCH(splane + (4 * ssy + (z0 + z) * ssz + x0) * itemsize, 0);
                         for (Py_ssize_t x = 0; x < tx; x++)
-                            __builtin_prefetch(dplane + 4 * ds[1] + (x0 + x) * ds[0] +
-                                               z0 * itemsize, 1);
+                            PREFETCH(dplane + 4 * ds[1] + (x0 + x) * ds[0] + z0 * itemsize, 1);
                     }
                     streamed |= transpose_tile(splane, dplane, z0, tz, x0, tx, ssz, ds, sbuf,
                                                dbuf, itemsize, stream);
