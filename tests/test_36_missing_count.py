@@ -11,8 +11,7 @@ import pytest
 import xarray as xr
 from oracle import make_data, ts_read, write_volume
 
-from xarray_precomputed import ArgumentError, Volume
-from xarray_precomputed.reading.missing import MissingCount
+from xarray_precomputed import ArgumentError, MissingCount, Volume
 
 
 @pytest.fixture(scope="module", params=[None, "sharded"])

@@ -24,6 +24,7 @@ from .errors import (
     WriterError,
 )
 from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
+from .reading.missing import MissingCount
 from .reading.volume import ScaleReader, Volume, open_volume
 
 __version__ = "0.1.0"
@@ -45,6 +46,6 @@ __all__ = [
     "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
-    "ScaleReader", "Volume", "open_volume", "__version__", "to_ome_zarr", "to_precomputed",
+    "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
     "downsample", "sample_volume", "sample_data",
 ]
