@@ -1,4 +1,5 @@
-"""Reads whose per-chunk loop runs in C: a box of a local scale, raw or compressed_segmentation.
+"""Reads whose per-chunk loop runs in C: boxes of raw or compressed_segmentation scales, and
+`for_each_chunk` of them, local or remote.
 
 Python here runs once per batch (a shard's chunks, or part of them; a run of chunk files): the
 read's grid cells, their places in the result and their chunk names are numpy arrays, and one
@@ -6,9 +7,10 @@ call of the `_chunk_batch` extension locates, inflates, decodes and places every
 with the GIL released. Python per chunk (~200 us of it, under the GIL) stopped reads scaling at
 about 8 cores; per batch, a read of n chunks holds the GIL for a few batches' worth of Python.
 
-Anything outside that (index selections, remote stores, other encodings, files stored
-compressed, chunk files larger than any chunk) goes through the per-chunk path, which the
-numpy-only installation also takes (`_native`).
+From a remote store, batches are fetched on the I/O pool, many at once, and decoded on the
+decode pool as they arrive. Anything outside that (index selections, other encodings, local chunk
+files stored compressed, chunk files larger than any chunk, a build without zlib for gzip shards)
+goes through the per-chunk path, which the numpy-only installation also takes (`_native`).
 """
 
 from __future__ import annotations
