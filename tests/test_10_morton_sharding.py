@@ -177,6 +177,16 @@ def test_murmurhash_applies_preshift_first():
     assert got[2] == got[3] == 0xc20b94f95119f47a
 
 
+def test_murmurhash_of_many_ids_at_once_equals_mmh3():
+    """The whole-array hash against mmh3 (the reference implementation's port) id by id: random
+    ids over the whole 64-bit range, and the words' edges."""
+    rng = np.random.default_rng(10)
+    ids = np.concatenate([rng.integers(0, 2**64 - 1, size=5000, dtype=np.uint64, endpoint=True),
+                          np.array([0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1], dtype=np.uint64)])
+    got = hash_ids(ids, spec("murmurhash3_x86_128"))
+    assert got.tolist() == [mmh3_low64(int(i)) for i in ids]
+
+
 def test_identity_hash_is_shift():
     ids = np.array([0, 5, 2**64 - 1, 2**63 + 12345], dtype=np.uint64)
     assert hash_ids(ids, spec(preshift=0)).tolist() == [int(i) for i in ids]

@@ -8,7 +8,6 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-import mmh3
 import numpy as np
 
 try:  # a dependency; the zlib path below is complete without it
@@ -33,10 +32,47 @@ def hash_ids(chunk_ids, spec: ShardingSpec) -> np.ndarray:
     shifted = ids >> np.uint64(spec.preshift_bits) if spec.preshift_bits < 64 else np.zeros_like(ids)
     if spec.hash == "identity":
         return shifted
-    out = np.empty_like(shifted)
-    for i, v in enumerate(shifted.tolist()):
-        out[i] = mmh3.hash128(struct.pack("<Q", v), seed=0, x64arch=False, signed=False) & _U64_MASK
-    return out
+    return _murmur3_x86_128_low64(shifted)
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def _rotl32(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _murmur3_x86_128_low64(keys: np.ndarray) -> np.ndarray:
+    """The low 64 bits of MurmurHash3_x86_128 (seed 0) of each uint64 taken as its 8 little-endian
+    bytes, for a whole array at once (a Python call per chunk id cost ~1 us a chunk). An 8-byte
+    key is all tail: its low word mixes into the first lane, its high word into the second; the
+    third and fourth lanes only take part in the finalisation."""
+    k1 = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    k2 = (keys >> np.uint64(32)).astype(np.uint32)
+    c1, c2, c3 = np.uint32(0x239B961B), np.uint32(0xAB0E9789), np.uint32(0x38B34AE5)
+    k2 *= c2
+    h2 = _rotl32(k2, 16) * c3
+    k1 *= c1
+    h1 = _rotl32(k1, 15) * c2
+    length = np.uint32(8)
+    h1 ^= length
+    h2 ^= length
+    h3 = np.full_like(h1, length)
+    h4 = h3.copy()
+    h1 += h2 + h3 + h4
+    h2 += h1
+    h3 += h1
+    h4 += h1
+    h1, h2, h3, h4 = _fmix32(h1), _fmix32(h2), _fmix32(h3), _fmix32(h4)
+    h1 += h2 + h3 + h4
+    h2 += h1
+    return h1.astype(np.uint64) | (h2.astype(np.uint64) << np.uint64(32))
 
 
 def chunk_location(chunk_ids, spec: ShardingSpec) -> tuple[np.ndarray, np.ndarray]:
