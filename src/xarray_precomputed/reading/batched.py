@@ -107,19 +107,22 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     pieces = min(BATCHES_PER_CORE * running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
     pieces = max(1, pieces)
     jobs: list = []
+    # Pieces decoded at once must write disjoint pages of the result: pieces of one run of
+    # cells are slabs of it, and shards are taken in page order (two halves of a shard in
+    # minishard order, or two shards side by side along x in a Fortran-ordered result, faulted
+    # in the same pages at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
     if sharding is None:
-        order = _page_order(cells, out)
+        order = _slab_order(cells, out)
         jobs = [(None, part) for part in np.array_split(order, min(n, pieces)) if len(part)]
     else:
         ids, minis, shards, groups = _by_shard(reader, cells)
-        # Whole shards while there are as many as cores; otherwise each split into pieces that
-        # write disjoint pages of the result (cells in page order: two halves of one shard in
-        # minishard order, decoded at once into a C-ordered result, faulted in the same pages:
-        # seg's C-ordered `.values` 2.0 GB/s against 2.8 by whole shards, 2 cores).
+        # whole shards while there are as many as cores
         per = 1 if len(groups) >= running_reads.cores else max(1, -(-pieces // len(groups)))
-        for members in groups:
+        firsts = np.array([g[0] for g in groups])
+        for k in _page_order(cells[firsts], out).tolist():
+            members = groups[k]
             if per > 1:
-                members = members[_page_order(cells[members], out)]
+                members = members[_slab_order(cells[members], out)]
             for part in np.array_split(members, min(len(members), per)):
                 jobs.append((int(shards[part[0]]), part))
         context = (ids, minis)
@@ -198,12 +201,20 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
 
 
 def _page_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Chunk files in the order that has chunks running at the same time write disjoint pages of
-    the result (first-touching one page from several threads costs repeated faults): in a
-    C-ordered result z-neighbours share every page, so x varies fastest; in a Fortran-ordered one
-    x-neighbours do, so z varies fastest."""
+    """Cells ordered so that neighbours in the order write disjoint pages of the result: the
+    axis along which chunks share pages (the result's fastest: z in C order, x in Fortran order)
+    varies slowest. Jobs taken in this order from a queue run beside ones that do not share their
+    pages (first-touching one page from several threads at once costs repeated faults)."""
     keys = (cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2] \
         else (cells[:, 0], cells[:, 1], cells[:, 2])
+    return np.lexsort(keys)
+
+
+def _slab_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Cells ordered along the result's slowest axis first (x in C order, z in Fortran order):
+    cut into runs, each run is a slab of the result, and slabs share no page."""
+    keys = (cells[:, 0], cells[:, 1], cells[:, 2]) if out.strides[0] < out.strides[2] \
+        else (cells[:, 2], cells[:, 1], cells[:, 0])
     return np.lexsort(keys)
 
 
