@@ -132,7 +132,7 @@ loop()
                        capture_output=True)
         main = worker = frameless = 0
         for line in open(raw):
-            stack, c = line.rsplit(" ", 1)
+            stack, _, c = line.rstrip("\n").rpartition(" ")  # a sample with no frame: no stack
             if "gilread.py" in stack:
                 if "loop (" in stack:
                     main += int(c)
