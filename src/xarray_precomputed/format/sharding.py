@@ -136,7 +136,10 @@ def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray
     zlib's speed here, GIL released), which allocates exactly that size and fails unless the
     stream, its CRC and its size all agree; anything else, and every failure, takes the bounded
     zlib path, which decides what is accepted and names what is wrong."""
-    if _deflate is not None and len(data) >= 18 and data[:2] == b"\x1f\x8b":
+    # A header CRC (FHCRC) goes to zlib too: libdeflate does not check it, zlib does, and the
+    # batched reader (zlib) must accept exactly what this accepts.
+    if _deflate is not None and len(data) >= 18 and data[:2] == b"\x1f\x8b" \
+            and not data[3] & 0x02:
         if int.from_bytes(data[-4:], "little") <= limit:
             try:
                 return _deflate.gzip_decompress(data)

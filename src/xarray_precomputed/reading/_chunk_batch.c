@@ -15,7 +15,8 @@
  *                  scratch)
  * -> uint8[n]
  *     Chunk files named `prefix` + "x0-x1_y0-y1_z0-z1" (keys: int64 (n, 6)), each read whole:
- *     status 0 placed, 1 no such file, 2 left to the caller (larger than max_bytes).
+ *     status 0 placed, 1 no such file. A file larger than max_bytes, or not a regular file, is
+ *     refused before it is read.
  *
  * scratch: a writable buffer of the caller's, reused for inflated chunks and file contents (one of
  * max_bytes + 1 bytes is never outgrown).
@@ -54,7 +55,7 @@
 #include "fortran_copy.h"
 
 enum { KIND_RAW = 0, KIND_CSEG = 1 };
-enum { ST_PLACED = 0, ST_ABSENT = 1, ST_CALLER = 2 };
+enum { ST_PLACED = 0, ST_ABSENT = 1 };
 #define MSG 320
 #define GEOM 13 /* columns of a geometry row */
 
@@ -74,21 +75,29 @@ typedef struct {
     unsigned char *scratch; /* inflated chunk / file contents: the caller's buffer, or grown */
     size_t cap;
     int owned;              /* scratch was allocated here */
+    int oom;                /* an allocation failed */
     int streamed;
 } batch;
 
-/* Room for `need` bytes in B->scratch, keeping its first `keep` bytes. The caller's buffer is used
- * while it is large enough (a reused one: a fresh mapping per batch costs a page fault per 4 KiB). */
-static int grow(batch *B, size_t need, size_t keep)
+/* Room for `need` bytes in B->scratch, keeping its first `keep` bytes: at least twice the room
+ * there was, never more than `most` unless `need` is more. The caller's buffer is used while it is
+ * large enough (a reused one: a fresh mapping per batch costs a page fault per 4 KiB). Running out
+ * of memory sets B->oom: the caller raises MemoryError, not an error about the data. */
+static int grow(batch *B, size_t need, size_t keep, size_t most)
 {
     if (need <= B->cap)
         return 0;
-    size_t cap = B->cap ? B->cap : (size_t)1 << 16;
-    while (cap < need)
-        cap *= 2;
+    size_t cap = B->cap < ((size_t)1 << 16) ? (size_t)1 << 16 : B->cap;
+    cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+    if (cap > most)
+        cap = most;
+    if (cap < need)
+        cap = need;
     unsigned char *p = (unsigned char *)malloc(cap);
-    if (p == NULL)
+    if (p == NULL) {
+        B->oom = 1;
         return -1;
+    }
     if (keep)
         memcpy(p, B->scratch, keep);
     if (B->owned)
@@ -111,7 +120,10 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
     uint64_t want = guess > B->max_bytes ? B->max_bytes + 1 : guess + 1;
     if (want < 4096)
         want = 4096;
-    if (grow(B, (size_t)want, 0) < 0) {
+    if (want > SIZE_MAX)
+        want = SIZE_MAX;
+    size_t bound = B->max_bytes + 1 > SIZE_MAX ? SIZE_MAX : (size_t)(B->max_bytes + 1);
+    if (grow(B, (size_t)want, 0, bound) < 0) {
         snprintf(msg, MSG, "chunk data: out of memory inflating gzip data");
         return -1;
     }
@@ -148,20 +160,18 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
             inflateEnd(&zs);
             return -1;
         }
-        if (zs.avail_out == 0) {
-            /* full: grow (keeping what is there) up to one byte past the bound */
-            size_t cap = B->cap * 2;
-            if (cap > B->max_bytes + 1)
-                cap = (size_t)B->max_bytes + 1;
-            if (cap <= B->cap)
-                cap = B->cap + 1;
-            if (grow(B, cap, (size_t)done) < 0) {
+        if (done == B->cap) {
+            /* the buffer is full (not only this call's share of it): grow, keeping what is
+             * there, up to one byte past the bound */
+            if (grow(B, B->cap + 1, (size_t)done, bound) < 0) {
                 snprintf(msg, MSG, "chunk data: out of memory inflating gzip data");
                 inflateEnd(&zs);
                 return -1;
             }
             continue;
         }
+        if (zs.avail_out == 0)
+            continue; /* this call's share of the room is used: more room is there */
         if (in_done >= len) {
             snprintf(msg, MSG, "chunk data: gzip stream is truncated");
             inflateEnd(&zs);
@@ -213,7 +223,7 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
     char *dst = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2] + g[12] * B->st[3];
     if (B->kind == KIND_RAW) {
         uint64_t need = (uint64_t)g[9] * (uint64_t)g[10] * (uint64_t)g[11] * (uint64_t)B->nc *
-                        (uint64_t)B->es; /* shapes < 2^31 and checked against max_bytes */
+                        (uint64_t)B->es; /* < 2^48: check_geom */
         if (len != need) {
             snprintf(msg, MSG,
                      "raw chunk is %llu bytes, expected %llu for shape [%lld, %lld, %lld] x %zd "
@@ -272,8 +282,10 @@ static int setup(batch *B, PyObject *out_obj, int kind, const char *dtype_name, 
         return -1;
     }
     PyArrayObject *out = (PyArrayObject *)out_obj;
-    if (PyArray_NDIM(out) != 4 || !PyArray_ISWRITEABLE(out) || !PyArray_ISNOTSWAPPED(out)) {
-        PyErr_SetString(PyExc_ValueError, "out must be a writable native-order 4-d array");
+    if (PyArray_NDIM(out) != 4 || !PyArray_ISWRITEABLE(out) || !PyArray_ISNOTSWAPPED(out) ||
+        PyDataType_REFCHK(PyArray_DESCR(out))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "out must be a writable native-order 4-d array of plain numbers");
         return -1;
     }
     B->es = (int)PyArray_ITEMSIZE(out);
@@ -334,6 +346,15 @@ static int check_geom(const batch *B, PyArrayObject *out, const int64_t *geom, n
         const int64_t *g = geom + GEOM * i;
         if (g[12] < 0 || g[12] > PyArray_DIM(out, 3) - B->nc) {
             PyErr_Format(PyExc_ValueError, "geometry row %zd: channels outside out", (Py_ssize_t)i);
+            return -1;
+        }
+        /* a chunk's bytes (shape x channels x item size) fit far inside the address space */
+        uint64_t bytes = (uint64_t)B->nc * (uint64_t)B->es;
+        for (int a = 0; a < 3; a++)
+            bytes = sat_mul(bytes, g[9 + a] < 0 ? 0 : (uint64_t)g[9 + a]);
+        if (bytes > ((uint64_t)1 << 48)) {
+            PyErr_Format(PyExc_ValueError, "geometry row %zd: a chunk of that shape is too large",
+                         (Py_ssize_t)i);
             return -1;
         }
         for (int a = 0; a < 3; a++) {
@@ -446,6 +467,10 @@ static PyObject *decode_chunks(PyObject *self, PyObject *args)
         }
         finish(&B);
         Py_END_ALLOW_THREADS
+        if (B.oom) {
+            PyErr_NoMemory();
+            goto done;
+        }
         if (bad >= 0) {
             data_error(bad, msg);
             goto done;
@@ -478,13 +503,16 @@ static opened open_file(const char *path)
     opened o = {-1, 0};
 #ifdef _WIN32
     wchar_t wpath[4096];
-    if (MultiByteToWideChar(CP_UTF8, 0, path, -1, wpath, 4096) == 0) {
-        o.err = ENAMETOOLONG;
+    if (MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, wpath, 4096) == 0) {
+        o.err = EINVAL;
         return o;
     }
-    o.fd = _wopen(wpath, _O_RDONLY | _O_BINARY);
+    o.fd = _wopen(wpath, _O_RDONLY | _O_BINARY | _O_NOINHERIT);
 #else
-    o.fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: a FIFO named like a chunk must not hang the read (it is refused below) */
+    do
+        o.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    while (o.fd < 0 && errno == EINTR);
 #endif
     if (o.fd < 0)
         o.err = (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) ? 0 : errno;
@@ -523,7 +551,10 @@ static void close_file(int fd)
 #endif
 }
 
-/* The size of an open file, -2 for a directory, -1 on failure. */
+/* The size of an open file: FILE_DIR for a directory, FILE_ODD for anything else that is not a
+ * regular file, -1 on failure. */
+#define FILE_DIR (-2)
+#define FILE_ODD (-3)
 static int64_t file_size(int fd)
 {
 #ifdef _WIN32
@@ -531,13 +562,21 @@ static int64_t file_size(int fd)
     if (_fstat64(fd, &st) != 0)
         return -1;
     if ((st.st_mode & _S_IFMT) == _S_IFDIR)
-        return -2;
+        return FILE_DIR;
+    if ((st.st_mode & _S_IFMT) != _S_IFREG)
+        return FILE_ODD;
 #else
     struct stat st;
-    if (fstat(fd, &st) != 0)
+    int rc;
+    do
+        rc = fstat(fd, &st);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0)
         return -1;
     if (S_ISDIR(st.st_mode))
-        return -2;
+        return FILE_DIR;
+    if (!S_ISREG(st.st_mode))
+        return FILE_ODD;
 #endif
     return (int64_t)st.st_size;
 }
@@ -623,21 +662,35 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
                 continue;
             }
             int64_t size = file_size(f.fd);
-            if (size == -2) {
+            if (size == FILE_DIR) {
                 close_file(f.fd);
                 st[i] = ST_ABSENT;
                 continue;
             }
-            if (size < 0 || (uint64_t)size > B.max_bytes) {
-                if (size < 0) {
-                    os_err = errno;
-                    failed = i;
-                }
+            if (size == -1) {
+                os_err = errno;
+                failed = i;
                 close_file(f.fd);
-                if (size < 0)
-                    break;
-                st[i] = ST_CALLER;
-                continue;
+                break;
+            }
+            if (size == FILE_ODD || (uint64_t)size > B.max_bytes) {
+                /* no chunk is stored so: refused before anything is read */
+                close_file(f.fd);
+                if (size == FILE_ODD)
+                    snprintf(msg, MSG, "the chunk's file is not a regular file");
+                else if (B.kind == KIND_RAW)
+                    snprintf(msg, MSG,
+                             "raw chunk is %lld bytes, expected %llu for shape [%lld, %lld, %lld] "
+                             "x %zd channel(s) of %s", (long long)size,
+                             (unsigned long long)g[9] * g[10] * g[11] * B.nc * B.es,
+                             (long long)g[9], (long long)g[10], (long long)g[11], B.nc,
+                             B.dtype_name);
+                else
+                    snprintf(msg, MSG, "chunk file is %lld bytes, more than any chunk of this "
+                             "scale can store (at most %llu bytes)", (long long)size,
+                             (unsigned long long)B.max_bytes);
+                bad = i;
+                break;
             }
             int64_t got;
             if (stored_run(&B, g) &&
@@ -652,18 +705,14 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
                 /* a file that changed while read: decoded from a copy below, which says what
                  * is wrong with it */
                 if (got >= 0) {
-                    if (grow(&B, (size_t)(got ? got : 1), 0) < 0) {
-                        os_err = ENOMEM;
-                        failed = i;
+                    if (grow(&B, (size_t)(got ? got : 1), 0, SIZE_MAX) < 0) {
                         close_file(f.fd);
                         break;
                     }
                     memcpy(B.scratch, dst, (size_t)got);
                 }
             } else {
-                if (grow(&B, (size_t)(size ? size : 1), 0) < 0) {
-                    os_err = ENOMEM;
-                    failed = i;
+                if (grow(&B, (size_t)(size ? size : 1), 0, SIZE_MAX) < 0) {
                     close_file(f.fd);
                     break;
                 }
@@ -685,6 +734,10 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
         }
         finish(&B);
         Py_END_ALLOW_THREADS
+        if (B.oom) {
+            PyErr_NoMemory();
+            goto done;
+        }
         if (failed >= 0) {
             errno = os_err;
             PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);

@@ -42,6 +42,8 @@ BATCHES_PER_CORE = 4
 # Chunks of a batch at least, where a read is spread over the pool: a batch costs its thread
 # hand-off and its Python (a dask block of 8 seg chunks split in 8 held the GIL ~170 us a chunk).
 MIN_BATCH_CHUNKS = 4
+# The longest folder path of chunk files the extension takes (its buffer, less a name).
+_LONGEST_PREFIX = 2900
 
 
 def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
@@ -85,6 +87,8 @@ def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     if not isinstance(store, LocalStore):
         return False
     if sharding is None:
+        if len(os.fsencode(store.file_path(reader.scale_info.path))) > _LONGEST_PREFIX:
+            return False  # longer than the extension's path buffer takes
         # a folder of compressed chunk files (CloudFiles' `.gz`): each is decoded whole by the store
         return store.folder_form(reader.scale_info.path) in (None, "")
     return True
@@ -179,8 +183,10 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
     keys = np.stack([begin[:, 0], end[:, 0], begin[:, 1], end[:, 1], begin[:, 2], end[:, 2]],
                     axis=1) + np.repeat(off, 2)
     kind, dtype_name, block = _common(reader, out)
+    # A raw chunk file is exactly its voxels: a larger one is refused at that size.
+    limit = (int(np.prod(c)) * reader.info.num_channels * reader.dtype.itemsize
+             if get_codec(s.encoding).plain else reader._max_stored_bytes())
     try:
-        limit = reader._max_stored_bytes()
         status = _batch.read_chunk_files(out, kind, dtype_name, block,  # type: ignore[union-attr]
                                          reader.info.num_channels, prefix, keys, geom, limit,
                                          stream, _scratch_for(limit + 1))
@@ -251,7 +257,7 @@ def _shard_sources(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.n
     view = None
     indices = None
     if whole:
-        got_whole = shards.fetch_whole_shard(shard, minis)
+        got_whole = shards.fetch_whole_shard(shard, minis, chunks=n)
         if got_whole is not None:
             view, indices = got_whole
     if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
@@ -495,7 +501,12 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
     def hand_over(members: np.ndarray, buf: np.ndarray, missing) -> None:
         gone = set(np.asarray(missing).tolist())
         for j, i in enumerate(members.tolist()):
-            fn(i, None if j in gone else buf[..., j * nc:(j + 1) * nc])
+            if j in gone:
+                fn(i, None)
+                continue
+            chunk = buf[..., j * nc:(j + 1) * nc]
+            chunk.flags.writeable = False  # read-only, as documented: the buffer is reused
+            fn(i, chunk)
 
     if not remote:
         def run(job) -> None:

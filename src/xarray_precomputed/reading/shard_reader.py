@@ -254,12 +254,15 @@ class ShardReader:
         want, ranges = self._locate(indices, chunk_ids, minishards, describe)
         return self._finish(shard, out, want, ranges, [view[s:e] for s, e in ranges], describe)
 
-    def fetch_whole_shard(self, shard: int, minishards: np.ndarray
+    def fetch_whole_shard(self, shard: int, minishards: np.ndarray, *, chunks: int | None = None
                           ) -> tuple[memoryview, dict[int, MinishardIndex]] | None:
         """The whole `.shard` file, fetched in one request, and the indices of `minishards`
-        parsed from it; None when there is no `.shard` file."""
+        parsed from it; None when there is no `.shard` file. `chunks`, the most chunks the shard
+        can hold, bounds what the fetch may bring (their data and indices)."""
         key = self._key(shard_filename(shard, self.spec))
-        blob = self.store.read(key)
+        limit = None if chunks is None else \
+            self.index_end + chunks * (self.max_chunk_bytes + 24) + (1 << 20)
+        blob = self.store.read(key, limit=limit)
         ck = self._cache_key("form", shard)
         if blob is None:
             if shard_form_cache.get(ck) is None:
