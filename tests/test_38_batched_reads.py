@@ -21,7 +21,6 @@ from xarray_precomputed.format.sharding import decode_gzip
 from xarray_precomputed.reading import batched
 
 
-
 @pytest.fixture
 def raw_volume(tmp_path):
     data = make_data((32, 32, 16, 1), np.uint16, seed=38)
