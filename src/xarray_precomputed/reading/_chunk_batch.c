@@ -371,6 +371,24 @@ static int check_geom(const batch *B, PyArrayObject *out, const int64_t *geom, n
     return 0;
 }
 
+/* A batch's rows: `lead` (n, width: where each chunk's bytes are) and the geometry rows
+ * (n, GEOM), as many of each, every geometry row checked against `out`. The caller releases both
+ * arrays, set or NULL, whatever this returns. */
+static int batch_rows(const batch *B, PyObject *out_obj, PyObject *lead_obj, int width,
+                      const char *what, PyObject *geom_obj, PyArrayObject **lead,
+                      PyArrayObject **geom)
+{
+    if ((*lead = rows(lead_obj, width, what)) == NULL ||
+        (*geom = rows(geom_obj, GEOM, "geom")) == NULL)
+        return -1;
+    if (PyArray_DIM(*geom, 0) != PyArray_DIM(*lead, 0)) {
+        PyErr_Format(PyExc_ValueError, "%s and geom must have as many rows", what);
+        return -1;
+    }
+    return check_geom(B, (PyArrayObject *)out_obj, (const int64_t *)PyArray_DATA(*geom),
+                      PyArray_DIM(*geom, 0));
+}
+
 static PyObject *data_error(npy_intp index, const char *msg)
 {
     PyObject *args = Py_BuildValue("(ns)", (Py_ssize_t)index, msg);
@@ -418,20 +436,14 @@ static PyObject *decode_chunks(PyObject *self, PyObject *args)
         PyBuffer_Release(&scratch);
         return NULL;
     }
-    PyArrayObject *src = rows(src_obj, 3, "src"), *geom = NULL;
+    PyArrayObject *src = NULL, *geom = NULL;
     Py_ssize_t nsrc = PySequence_Fast_GET_SIZE(fast), held = 0;
     Py_buffer *views = NULL;
     PyObject *result = NULL;
-    if (src == NULL || (geom = rows(geom_obj, GEOM, "geom")) == NULL)
+    if (batch_rows(&B, out_obj, src_obj, 3, "src", geom_obj, &src, &geom) < 0)
         goto done;
     npy_intp n = PyArray_DIM(src, 0);
-    if (PyArray_DIM(geom, 0) != n) {
-        PyErr_SetString(PyExc_ValueError, "src and geom must have as many rows");
-        goto done;
-    }
     const int64_t *S = (const int64_t *)PyArray_DATA(src), *Gm = (const int64_t *)PyArray_DATA(geom);
-    if (check_geom(&B, (PyArrayObject *)out_obj, Gm, n) < 0)
-        goto done;
     views = (Py_buffer *)PyMem_Calloc(nsrc ? (size_t)nsrc : 1, sizeof(Py_buffer));
     if (views == NULL) {
         PyErr_NoMemory();
@@ -624,18 +636,12 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
         PyBuffer_Release(&scratch);
         return NULL;
     }
-    PyArrayObject *keys = rows(keys_obj, 6, "keys"), *geom = NULL, *status = NULL;
+    PyArrayObject *keys = NULL, *geom = NULL, *status = NULL;
     PyObject *result = NULL;
-    if (keys == NULL || (geom = rows(geom_obj, GEOM, "geom")) == NULL)
+    if (batch_rows(&B, out_obj, keys_obj, 6, "keys", geom_obj, &keys, &geom) < 0)
         goto done;
     npy_intp n = PyArray_DIM(keys, 0);
-    if (PyArray_DIM(geom, 0) != n) {
-        PyErr_SetString(PyExc_ValueError, "keys and geom must have as many rows");
-        goto done;
-    }
     const int64_t *K = (const int64_t *)PyArray_DATA(keys), *Gm = (const int64_t *)PyArray_DATA(geom);
-    if (check_geom(&B, (PyArrayObject *)out_obj, Gm, n) < 0)
-        goto done;
     status = (PyArrayObject *)PyArray_ZEROS(1, &n, NPY_UINT8, 0);
     if (status == NULL)
         goto done;
