@@ -60,7 +60,8 @@ def test_env_var_forces_every_fallback_and_in_use_says_so():
     assert forced.returncode == 0, forced.stderr
     got = json.loads(forced.stdout)
     assert set(got["in_use"]) == {n.rsplit(".", 1)[1] for n in _native.EXTENSIONS}
-    assert all(v.endswith(": numpy fallback") for v in got["in_use"].values()), got
+    assert all(v.endswith(": " + _native.FALLBACKS.get(n, "numpy fallback"))
+               for n in _native.EXTENSIONS for v in [got["in_use"][n.rsplit(".", 1)[1]]]), got
     assert got["cseg"] == got["enc"] == "xarray_precomputed.codecs.cseg_fallback"
     assert got["copy"] == "xarray_precomputed.codecs.fortran_fallback"
     assert got["read"] == "xarray_precomputed.storage.fileread_fallback"

@@ -20,9 +20,16 @@ EXTENSIONS = {
     "xarray_precomputed.codecs._cseg": "compressed_segmentation decoder",
     "xarray_precomputed.codecs._cseg_encode": "compressed_segmentation encoder",
     "xarray_precomputed.codecs._fortran": "raw chunk copies",
+    "xarray_precomputed.codecs._crackle": "crackle decoder",
     "xarray_precomputed.dvid._block": "DVID block decoder",
     "xarray_precomputed.storage._fileread": "local file reads",
     "xarray_precomputed.reading._chunk_batch": "batched chunk decoding",
+}
+
+# Where the fallback is not numpy but the field's own package (exact, without our checks on
+# damaged data; see the codec's module).
+FALLBACKS = {
+    "xarray_precomputed.codecs._crackle": "crackle-codec fallback",
 }
 
 _loaded: dict[str, ModuleType | None] = {}
@@ -50,5 +57,6 @@ def load(name: str) -> ModuleType | None:
 
 def in_use() -> dict[str, str]:
     """For each extension, what it does and which path is in use ("C" or "numpy fallback")."""
-    return {name.rsplit(".", 1)[1]: f"{what}: {'C' if load(name) is not None else 'numpy fallback'}"
+    return {name.rsplit(".", 1)[1]:
+            f"{what}: {'C' if load(name) is not None else FALLBACKS.get(name, 'numpy fallback')}"
             for name, what in EXTENSIONS.items()}

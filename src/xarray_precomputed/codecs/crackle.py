@@ -1,43 +1,34 @@
-"""`crackle`: label volumes (uint8-uint64, 1 channel) in the Crackle format, decoded and encoded with
-the `crackle-codec` package (seung-lab's; the one CloudVolume and igneous use, and Neuroglancer
-reads).
+"""`crackle`: label volumes (uint8-uint64, 1 channel) in the Crackle format. Decoded by our own
+bounds-checked decoder (`codecs/_crackle.c`); encoded, and decoded where that extension is not
+built, with the `crackle-codec` package (seung-lab's; the one CloudVolume and igneous use, and
+Neuroglancer reads).
 
 A Crackle stream is, in order: a header (magic `crkl`, format version 0 or 1, label width, stored
 width, sx, sy, sz, label-section size; version 1 adds a CRC-8 of itself); a z index (one u32 byte
-length of each z slice's crack codes; version 1 adds a CRC-32C of the index); the label section;
-the Markov model (when the header asks for one); the crack codes of every z slice, each opening
-with its beginning-of-chain index; and, in version 1, the CRC-32C of the label section and one
-CRC-32C per decoded z slice.
+length of each z slice's crack codes; version 1 adds a CRC-32C of the index); the label section
+(flat: the labels and a map from each slice's connected components to them; or pins); the Markov
+model (when the header asks for one); the crack codes of every z slice, each opening with its
+beginning-of-chain index; and, in version 1, the CRC-32C of the label section and one CRC-32C per
+z slice over its connected-component labels.
 
-The package's decoder trusts its input: damaged crack codes make it write past its buffers
-(heap corruption, segfaults; found by fuzzing crackle-codec 0.55). So every chunk is checked here
-first, with numpy, against what can be checked without decoding:
+Why our own decoder: crackle-codec's trusts its input, and damaged crack codes make it write
+past its buffers (heap corruption, segfaults; found by fuzzing crackle-codec 0.55). Ours decodes
+every label format the reference decoder reads (flat; variable-width pins) and both crack code
+codings (plain; Markov model), to the same labels, and checks everything it reads: every chain
+step stays in its slice, every section lies inside the stream, every scratch buffer is sized
+from the chunk's shape, and each checksum the stream carries is verified -- so in version 1 any
+damage is an error, never wrong labels. Version 0 streams carry no checksums: damage there that
+still parses decodes to wrong labels, as in every reader. Only the z slices a read covers are
+decoded (the format indexes slices).
 
-- the header: its CRC-8 (version 1), the volume shape equal to the (truncated) chunk shape, the
-  label width equal to the volume's data type (and no signed labels in an unsigned volume), the
-  stored width no wider than the label width -- all before any allocation;
-- the sections: the z index's CRC-32C (version 1), and the header's sizes plus the z index's slice
-  lengths add up to exactly the stream's length (a truncated or padded stream is refused);
-- the label section's CRC-32C (version 1): the decoder does not check it, and a damaged label
-  section decodes to wrong labels without an error;
-- the flat label section's structure (what CloudVolume writes; version 0 has no CRC over it):
-  the label count and component counts fit, the component map has exactly one entry per
-  component, and each names an existing label;
-- each slice's beginning-of-chain index: its size fits the slice, it parses to exactly that size,
-  and every chain starts on the (sx + 1) x (sy + 1) grid of pixel corners.
+The header is checked here first, against the chunk (its shape, label width and signedness).
+Where the extension is not built, crackle-codec decodes, after this module checks, with numpy,
+what can be checked without decoding (the sections, the checksums of the z index and labels,
+the flat label map, each slice's chain index); there, damaged crack codes in a stream without
+per-slice checksums can still reach crackle-codec's unchecked walk.
 
-Known limit: the crack codes themselves (the chain starts and the 2-bit moves) carry no checksum
-over their bytes (version 1's per-slice CRC-32Cs are not over the coded bytes, and a damaged chain
-start still decodes, to wrong labels, without an error), and crackle-codec 0.55 walks a damaged
-chain outside its edge buffer. Telling a damaged chain from a valid one takes decoding it (the walk
-and the connected components the label section is indexed by), so only a decoder of our own could
-refuse those; until then a damaged crack code can crash the reader. CloudVolume stores crackle
-chunks gzip-compressed by default (files and shards), and gzip's CRC-32 catches storage damage
-before the decoder runs.
-
-Random access: a read that covers only some z slices of a chunk decodes only those (the format
-indexes slices), through `crackle.CrackleArray`; `labels_of` gives a chunk's (or a z range's)
-label set from its label section, without decoding voxels.
+`labels_of` gives a chunk's (or a z range's) label set from its flat label section, without
+decoding voxels.
 """
 
 from __future__ import annotations
@@ -46,9 +37,12 @@ import crackle
 import google_crc32c  # a dependency of crackle-codec (its CRC-32C)
 import numpy as np
 
+from .._native import load
 from ..errors import CorruptChunkError
 
-__all__ = ["decode_into", "encode", "plausible", "check_stream"]
+_C = load("xarray_precomputed.codecs._crackle")
+
+__all__ = ["decode_into", "encode", "plausible", "check_header", "check_stream", "labels_of"]
 
 _MAGIC = b"crkl"
 
@@ -132,14 +126,13 @@ def _check_flat_labels(section: bytes, head, fail) -> None:
             fail(f"the component map names label {top} of {count}")
 
 
-def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
-    """Validate a Crackle stream (see the module docstring); returns its header."""
+def check_header(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
+    """The stream's header, checked against the chunk before anything is allocated."""
 
     def fail(msg):
         raise CorruptChunkError(f"corrupt crackle stream: {msg}", chunk=chunk)
 
-    n = len(buf)
-    if n < 5 or buf[:4] != _MAGIC:
+    if len(buf) < 5 or buf[:4] != _MAGIC:
         fail(f"no 'crkl' magic (starts with {bytes(buf[:4])!r})")
     try:
         head = crackle.header(buf)
@@ -160,6 +153,18 @@ def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
         fail(f"signed labels in a {dtype.name} volume")
     if head.label_format not in (0, 1, 2) or head.markov_model_order > 15:
         fail(f"label format {head.label_format}")
+    return head
+
+
+def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
+    """Validate a Crackle stream as far as numpy can without decoding (see the module
+    docstring); returns its header."""
+
+    def fail(msg):
+        raise CorruptChunkError(f"corrupt crackle stream: {msg}", chunk=chunk)
+
+    n = len(buf)
+    head = check_header(buf, dtype, chunk_shape, chunk)
     hb, ib = head.header_bytes, head.grid_index_bytes
     markov = head.num_markov_model_bytes
     trailer = 4 + 4 * head.sz if head.format_version >= 1 else 0
@@ -192,6 +197,13 @@ def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
 def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
                 stream=False) -> None:
     buf = bytes(data)
+    if _C is not None:
+        check_header(buf, dtype, chunk_shape, chunk)
+        try:
+            _C.decode(buf, out[..., 0], tuple(origin))
+        except ValueError as e:
+            raise CorruptChunkError(f"corrupt crackle stream: {e}", chunk=chunk) from None
+        return
     head = check_stream(buf, dtype, chunk_shape, chunk)
     nx, ny, nz = out.shape[:3]
     ox, oy, oz = origin
@@ -219,13 +231,16 @@ def labels_of(data, *, chunk_shape, dtype, chunk, z_range=None) -> np.ndarray:
     buf = bytes(data)
     head = check_stream(buf, np.dtype(dtype), chunk_shape, chunk)
     z0, z1 = (0, head.sz) if z_range is None else (int(z_range[0]), int(z_range[1]))
+    if head.label_format != 0:
+        # pins: crackle-codec 0.55's labels() passes them through float64 (large uint64 labels
+        # come back rounded, distinct ones merged; found by the tests), and a z range's labels
+        # are known only by decoding: decode
+        part = np.empty((head.sx, head.sy, z1 - z0, 1), np.dtype(dtype))
+        decode_into(buf, part, chunk_shape=chunk_shape, origin=(0, 0, z0), scale=None,
+                    dtype=np.dtype(dtype), num_channels=1, chunk=chunk)
+        return np.unique(part)
     try:
-        if head.label_format != 0:
-            # pins: crackle-codec 0.55's labels() passes them through float64 (large uint64
-            # labels come back rounded, distinct ones merged; found by the tests), and it reads
-            # a z range's labels only by decoding: decode
-            found = crackle.CrackleArray(buf, parallel=1)[:, :, z0:z1]
-        elif z_range is None:  # flat labels: the label section lists them
+        if z_range is None:  # flat labels: the label section lists them
             found = crackle.labels(buf)
         else:  # ... and per-slice components index them
             found = crackle.labels_for_z_range(buf, z0, z1)
