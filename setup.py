@@ -134,6 +134,7 @@ EXTENSIONS = [
         "-Wno-unused-function"),
     ext("xarray_precomputed.codecs._cseg_encode", "src/xarray_precomputed/codecs/_cseg_encode.c"),
     ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
+    ext("xarray_precomputed.codecs._fpzip", "src/xarray_precomputed/codecs/_fpzip.c"),
     ext("xarray_precomputed.codecs._crackle", "src/xarray_precomputed/codecs/_crackle.c"),
     ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
     ext("xarray_precomputed.storage._fileread", "src/xarray_precomputed/storage/_fileread.c"),

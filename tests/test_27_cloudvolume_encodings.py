@@ -481,11 +481,12 @@ def test_wrong_value_type_is_refused(tmp_path, encoding):
 @pytest.mark.parametrize("encoding", list(CASES))
 @pytest.mark.parametrize("cut", [0, 3, 10, 40, -1])
 def test_truncated_chunk_is_an_error(tmp_path, encoding, cut):
-    """Truncations that reach the header or (crackle, zfpc) any section: CorruptChunkError."""
+    """Truncations that reach the header or (crackle, zfpc, fpzip and kempressed with our
+    decoder) any section: CorruptChunkError."""
     dtype, channels = CASES[encoding]
     _, stored = _chunk_of(encoding, (16, 16, 8), dtype, channels)
-    if encoding in ("fpzip", "kempressed") and cut in (40, -1):
-        cut = 5  # fpzip's body has no length or checksum: only header truncation is detectable
+    if encoding in ("fpzip", "kempressed") and cut in (40, -1) and not _fpzip_checked():
+        cut = 5  # the package's decoder cannot be given a truncated body: only the header's
     short = stored[:cut] if cut >= 0 else stored[:-1]
     path = _one_chunk_volume(tmp_path, encoding, dtype, channels, short)
     with pytest.raises(CorruptChunkError, match=r"0-16_0-16_0-8"):
@@ -585,7 +586,7 @@ FUZZ_CHILD = textwrap.dedent("""
                     b[p] = int(rng.integers(0, 256))
                 else:
                     b[p] ^= 1 << int(rng.integers(0, 8))
-        if encoding in ("fpzip", "kempressed") and not truncated:
+        if encoding in ("fpzip", "kempressed") and not truncated and spans == [(0, 24)]:
             from xarray_precomputed.codecs.fpzip import read_header
             try:
                 unchanged = read_header(bytes(b)) == read_header(stored)
@@ -611,6 +612,13 @@ FUZZ_CHILD = textwrap.dedent("""
 """)
 
 
+def _fpzip_checked() -> bool:
+    """Whether fpzip streams are decoded by our bounds-checked decoder (codecs/_fpzip.c), not by
+    the package (the fallback where it is not built)."""
+    from xarray_precomputed.codecs import fpzip as fpzip_codec
+    return fpzip_codec._decoder is not None
+
+
 def _crackle_checked() -> bool:
     """Whether crackle streams are decoded by our bounds-checked decoder (codecs/_crackle.c),
     not by crackle-codec (the fallback where it is not built)."""
@@ -620,9 +628,9 @@ def _crackle_checked() -> bool:
 
 def checked_spans(encoding: str, stored: bytes):
     """Where the fuzzer damages a chunk, and below which length it cuts it: the parts this
-    package checks before the field decoder runs (the decoders of crackle-codec 0.55, used where
-    ours is not built, and fpzip 1.2 write or read outside their buffers on damaged coded data, which nothing short of
-    decoding can detect; see codecs/crackle.py, codecs/fpzip.py)."""
+    package checks before the field decoder runs (the decoders of crackle-codec 0.55 and fpzip
+    1.2, used where ours are not built, write or read outside their buffers on damaged coded data,
+    which nothing short of decoding can detect; see codecs/crackle.py, codecs/fpzip.py)."""
     if encoding == "crackle" and _crackle_checked():  # our decoder: everything, any length
         return [(0, len(stored))], len(stored)
     if encoding == "crackle":  # header (CRC-8), z index (CRC-32C), labels (CRC-32C); any length
@@ -630,6 +638,8 @@ def checked_spans(encoding: str, stored: bytes):
         head = crackle.header(stored)
         labels_end = head.header_bytes + head.grid_index_bytes + head.num_label_bytes
         return [(0, head.header_bytes), (head.header_bytes, labels_end)], len(stored)
+    if encoding in ("fpzip", "kempressed") and _fpzip_checked():  # our decoder: everything
+        return [(0, len(stored))], len(stored)
     if encoding in ("fpzip", "kempressed"):  # the range-coded header: its first 24 bytes (a
         return [(0, 24)], 24                   # change there that leaves the header is skipped)
     return [(0, len(stored))], len(stored)  # zfpc: everything (its decoder reads a padded copy)
@@ -639,9 +649,9 @@ def checked_spans(encoding: str, stored: bytes):
 def test_fuzzed_chunks_never_crash(tmp_path, encoding):
     """Truncated and damaged chunks, decoded in a child process (a crash fails the test rather
     than ending the run). Damage to the parts checked before decoding (`checked_spans`) is always
-    CorruptChunkError, never a crash or a wrongly decoded chunk; zfpc is damaged anywhere: every
-    truncation is an error, other damage an error or wrong values (zfp streams carry no
-    checksum), never a crash."""
+    CorruptChunkError, never a crash or a wrongly decoded chunk; zfpc, and fpzip and kempressed
+    with our decoder, are damaged anywhere: every truncation is an error, other damage an error
+    or wrong values (neither format carries a checksum), never a crash."""
     script = tmp_path / "child.py"
     script.write_text(FUZZ_CHILD.format(tests=str(Path(__file__).parent)))
     n = 600
@@ -653,7 +663,10 @@ def test_fuzzed_chunks_never_crash(tmp_path, encoding):
     assert sum(counts.values()) == n
     assert counts["cut_other"] == 0 and counts["cut_error"] == n // 4, counts
     assert counts["unchecked"] < n // 10, counts
-    if encoding != "zfpc":
+    if encoding in ("fpzip", "kempressed") and _fpzip_checked():
+        assert counts["unchecked"] == 0, counts
+        assert counts["error"] > n // 3 and counts["different"] > 0, counts
+    elif encoding != "zfpc":
         assert counts["different"] == 0, counts
         assert counts["error"] > n // 2, counts
     else:

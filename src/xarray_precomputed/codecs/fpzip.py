@@ -1,21 +1,27 @@
 """`fpzip`: float32 images (any number of channels) compressed losslessly (or with
-`fpzip_precision` bits kept) by fpzip, decoded and encoded with the `fpzip` package (seung-lab's,
-the one CloudVolume uses). CloudVolume writes each chunk as one fpzip stream of the Fortran-ordered
+`fpzip_precision` bits kept) by fpzip, encoded with the `fpzip` package (seung-lab's, the one
+CloudVolume uses). CloudVolume writes each chunk as one fpzip stream of the Fortran-ordered
 (x, y, z, channel) array: fpzip's nx, ny, nz, nf are x, y, z and the channels.
 
-fpzip's decoder allocates whatever its header says, and reads its input through a range coder that
-never checks where the buffer ends. So, before the package sees a chunk, its header is decoded
-here (the range-coded magic `fpz\\0`, version, type, precision and the four dimensions): the
-dimensions must be the chunk's, the type the volume's data type, the precision one fpzip can
-decode -- nothing is allocated for a header that lies, and a chunk of another shape or type never
-reaches the decoder.
+Before a chunk is decoded its header is decoded here (the range-coded magic `fpz\\0`, version,
+type, precision and the four dimensions): the dimensions must be the chunk's, the type the
+volume's data type, the precision one fpzip writes -- nothing is allocated for a header that lies,
+and a chunk of another shape or type never reaches a decoder.
 
-Known limit (fpzip 1.2.5, bundling fpzip 1.3.0): the format has no length field or checksum, and
-damage inside the coded values -- a flipped byte, a truncated tail -- can drive the decoder's range
-coder into reading on past the end of any buffer (a segfault; zero padding does not help, its
-range collapses). Nothing short of decoding tells such a stream from a valid one, so this codec
-cannot promise an error there; chunk files stored compressed (`.gz`, `.zstd`: their checksums)
-and shards' gzip data encoding catch storage damage before the decoder runs.
+The format has no length field and no checksum, so only decoding tells a damaged stream from a
+whole one, and the package's decoder (fpzip 1.2.5, bundling LLNL fpzip 1.3.0) cannot be trusted
+to do it: its range coder never checks where its input ends, and damage inside the coded values
+-- a flipped byte, a truncated tail -- drives it on past the end of any buffer (a segfault, or
+values made of whatever memory follows). The values are therefore decoded by this package's own
+decoder (`_fpzip.c`): the package's values bit for bit on every stream the package writes, but
+every byte it reads and every number it decodes checked. A truncated stream is always
+CorruptChunkError (a whole stream is read to its last byte); other damage is CorruptChunkError
+or, where the damaged bits still decode, wrong values -- never a crash, a hang or an allocation
+the chunk's shape does not bound. Where that extension is not built (or
+`XARRAY_PRECOMPUTED_PURE=1`), the package decodes instead: the same values from a whole stream,
+but none of those guarantees for a damaged one; chunk files stored compressed (`.gz`, `.zstd`:
+their checksums) and shards' gzip data encoding still catch storage damage before any decoder
+runs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import fpzip as _fpzip
 import numpy as np
 
+from .._native import load
 from ..errors import CorruptChunkError
 
 __all__ = ["decode_into", "encode", "plausible", "read_header", "decode_array", "check_options",
@@ -30,6 +37,8 @@ __all__ = ["decode_into", "encode", "plausible", "read_header", "decode_array", 
 
 _M = 0xFFFFFFFF
 MAX_HEADER_BYTES = 64  # 216 header bits, plus what the range coder reads ahead
+
+_decoder = load("xarray_precomputed.codecs._fpzip")
 
 
 class _RangeBits:
@@ -85,12 +94,19 @@ def read_header(buf: bytes) -> tuple[np.dtype, int, tuple[int, int, int, int]]:
     return np.dtype("<f8" if kind else "<f4"), precision, dims  # type: ignore[return-value]
 
 
+def _precision_ok(precision: int, bits: int) -> bool:
+    """Whether fpzip decodes this precision (0: all bits): 2..32 for float32, 4..64 in steps of
+    two for float64 (its double precisions are twice a float's)."""
+    if precision == 0:
+        return True
+    return 2 <= precision <= 32 if bits == 32 else 4 <= precision <= 64 and precision % 2 == 0
+
+
 def decode_array(data, *, dims, dtype, chunk, what: str = "fpzip") -> np.ndarray:
     """The stream's (nx, ny, nz, nf) Fortran-ordered array, its header checked against `dims` and
     `dtype` before any allocation."""
-    buf = bytes(data)
     try:
-        found, precision, shape = read_header(buf)
+        found, precision, shape = read_header(data)
     except ValueError as e:
         raise CorruptChunkError(f"not a readable {what} stream ({e})", chunk=chunk) from None
     if shape != tuple(dims):
@@ -101,9 +117,18 @@ def decode_array(data, *, dims, dtype, chunk, what: str = "fpzip") -> np.ndarray
         raise CorruptChunkError(f"{what} stream holds {found.name} values; the volume's data "
                                 f"type is {np.dtype(dtype).name}", chunk=chunk)
     bits = 8 * found.itemsize
-    if precision and not 2 <= precision <= bits:
-        raise CorruptChunkError(f"{what} stream has precision {precision} (2..{bits})",
+    if not _precision_ok(precision, bits):
+        allowed = "2..32" if bits == 32 else "4..64, even"
+        raise CorruptChunkError(f"{what} stream has precision {precision} ({allowed})",
                                 chunk=chunk)
+    if _decoder is not None:
+        arr = np.empty(shape, found.newbyteorder("="), order="F")
+        try:
+            _decoder.fpzip_decode(data, arr)
+        except ValueError as e:
+            raise CorruptChunkError(f"corrupt {what} stream ({e})", chunk=chunk) from None
+        return arr
+    buf = bytes(data)
     try:
         arr = _fpzip.decompress(buf, order="F")
     except Exception as e:  # FpzipReadError and the like
@@ -140,6 +165,6 @@ def encode(chunk: np.ndarray, fpzip_precision: int = 0) -> bytes:
 
 def plausible(fetch, size, *, chunk_shape, dtype, num_channels, fpzip_precision: int = 0) -> bool:
     """Never: an fpzip stream has no length field and no end marker, so a truncated one cannot be
-    told from a whole one without decoding it (which, truncated, is unsafe: see the module
-    docstring). The writer's resume rewrites every fpzip chunk."""
+    told from a whole one without decoding all of it. The writer's resume rewrites every fpzip
+    chunk."""
     return False

@@ -4,8 +4,9 @@ Fortran-ordered (x, y, channel, z) array, so fpzip's nx, ny, nz, nf are x, y, th
 Reading subtracts 2 again in the volume's data type, as CloudVolume does, so the values are the
 same bit for bit.
 
-The stream is checked and decoded by the fpzip codec (its header before any allocation; and the
-limit on damaged coded values stated there); see `codecs.fpzip`.
+The stream is checked and decoded by the fpzip codec (its header before any allocation, its
+values by the bounds-checked decoder, or by the package where that is not built); see
+`codecs.fpzip`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,546 @@
+/* codecs._fpzip: our own decoder of fpzip streams (the format of LLNL's fpzip 1.3.0, as the
+ * `fpzip` package writes it: header included, floating-point mode FPZIP_FP_FAST), one stream
+ * per call, the GIL released.
+ *
+ * Why not the library's decoder: it reads its input through a bare pointer and never asks where
+ * the input ends, so a truncated or damaged chunk makes it read on past the buffer (a segfault)
+ * or spin. The format has no length field and no checksum, so only decoding can tell a damaged
+ * stream from a whole one. This decoder does that decoding with every input byte bounds-checked,
+ * every decoded number checked against the range the encoder could have written, and the
+ * header's dimensions checked against the caller's buffer before anything is written; a stream
+ * that fails any check is refused (ValueError with what was wrong and where). On every stream
+ * the library writes, its output equals the library's bit for bit (tests/test_39).
+ *
+ * The format, as read here. A carry-less 32-bit range coder (low, range, code; it reads one
+ * byte whenever the top byte of the interval is settled, and two when the range falls under
+ * 2^16) codes, in order:
+ *   - a header of uniformly coded bit fields: the bytes 'f' 'p' 'z' 0, the version 0x0110 (16
+ *     bits) and the floating-point mode (8 bits, 1 = FAST), the type (1 bit: 0 float, 1 double),
+ *     the precision (7 bits: 0 = all bits) and nx, ny, nz, nf (32 bits each, low half first);
+ *   - then nf fields of nx * ny * nz values, x fastest, each field with a fresh adaptive
+ *     frequency model and a fresh predictor. Each value is predicted from its seven already
+ *     decoded neighbours (the 3-D Lorenzo predictor, in the value's own floating-point type,
+ *     neighbours outside the field being +0.0), and prediction and value are both mapped to
+ *     `bits`-bit unsigned integers (the sign-magnitude float bits made monotonic, the dropped low
+ *     bits of a lossy precision cut off). With bits <= 8 the model codes the difference directly;
+ *     above that it codes a symbol for "exact", or for the difference's sign and bit length k,
+ *     and the k bits below the leading one follow uniformly coded (16 at a time).
+ * The encoder finishes with four bytes, exactly the four the decoder reads ahead at its start:
+ * a whole stream is read to its last byte, so any truncation runs out of input and is refused.
+ *
+ * What the checks rely on: the coder's (low, range) evolve from the decoded symbols alone and
+ * the range never reaches 0; damage can only move `code`, which shows as a quotient beyond what
+ * the encoder could have coded (a symbol's cumulative frequency >= 2^16, a k-bit number >= 2^k),
+ * or as the input running out. Neither is reached by a whole stream, and each is refused before
+ * it indexes anything. Work is bounded by the output size: one symbol and at most four uniform
+ * numbers per value.
+ *
+ * The prediction is evaluated one rounded operation at a time, in the library's order
+ * (((((a - b) + c) - d) + e) - f) + g, so that excess precision (x87) cannot change it; as with
+ * the library, values that are NaN predict NaNs whose payload is the machine's. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ range decoder */
+
+typedef struct {
+    const unsigned char *p, *begin, *end;
+    uint32_t low, range, code;
+    const char *err; /* the first thing found wrong, NULL while none */
+    size_t err_at;   /* input offset when it was found */
+} fz_coder;
+
+static uint32_t fz_fail(fz_coder *c, const char *why)
+{
+    if (c->err == NULL) {
+        c->err = why;
+        c->err_at = (size_t)(c->p - c->begin);
+    }
+    return 0;
+}
+
+/* shift n (1 or 2, or 4 at the start) input bytes into code */
+static inline int fz_input(fz_coder *c, int n)
+{
+    if (c->end - c->p < n) {
+        c->p = c->end;
+        fz_fail(c, "the stream ends early (truncated?)");
+        return 0;
+    }
+    while (n--) {
+        c->code = (c->code << 8) | *c->p++;
+        c->low <<= 8;
+    }
+    return 1;
+}
+
+/* the encoder emits a byte whenever the interval's top byte is settled, and two when the range
+ * is under 2^16 (then widening it to the carry-free maximum); read in step with it. Each turn
+ * of the loop reads a byte, so it ends with the input at the latest. */
+static inline void fz_settle(fz_coder *c)
+{
+    while (((c->low ^ (c->low + c->range)) >> 24) == 0) {
+        if (!fz_input(c, 1))
+            return;
+        c->range <<= 8;
+    }
+    if ((c->range >> 16) == 0) {
+        if (!fz_input(c, 2))
+            return;
+        c->range = 0u - c->low;
+    }
+}
+
+/* a uniformly coded number 0 <= v < 2^n, n <= 16 */
+static inline uint32_t fz_uniform(fz_coder *c, unsigned n)
+{
+    uint32_t r = c->range >> n, v;
+    if (r == 0)
+        return fz_fail(c, "the range coder's interval is empty");
+    v = (c->code - c->low) / r;
+    if (v >> n)
+        return fz_fail(c, "a coded number is out of range");
+    c->range = r;
+    c->low += r * v;
+    fz_settle(c);
+    return v;
+}
+
+/* a uniformly coded number of up to 64 bits, sent 16 bits at a time, low bits first */
+static inline uint64_t fz_uniform_wide(fz_coder *c, unsigned n)
+{
+    uint64_t v = 0;
+    unsigned at = 0;
+    while (n > 16) {
+        v |= (uint64_t)fz_uniform(c, 16) << at;
+        at += 16;
+        n -= 16;
+    }
+    return v | ((uint64_t)fz_uniform(c, n) << at);
+}
+
+/* ------------------------------------------------------------------ adaptive model */
+
+/* The encoder's model: symbol frequencies summing to 2^16, relearnt every `period` symbols
+ * (the period doubling from about n/16 up to 1024): at each relearning the frequencies are
+ * halved (kept odd, so none reaches 0) and the freed total is handed out over the next period,
+ * `step` per coded symbol (one more for the last `extra` of them). Decoding must replay this
+ * exactly; what the data cannot change (the sum is 2^16 at every relearning, no frequency is 0)
+ * keeps the tables consistent whatever the input. */
+#define FZ_TOTAL_BITS 16
+#define FZ_TOTAL (1u << FZ_TOTAL_BITS)
+#define FZ_PERIOD_MAX 1024u
+#define FZ_MAX_SYMBOLS 511 /* 2 * 2^8 - 1: differences of 8-bit values */
+#define FZ_SLOT_BITS 9     /* 2^16 >> 9 = 128 lookup slots */
+#define FZ_SLOTS (FZ_TOTAL >> FZ_SLOT_BITS)
+
+typedef struct {
+    unsigned n;
+    uint32_t due;    /* symbols until the next step change or relearning */
+    uint32_t extra;  /* symbols still to take step + 1, after these `due` */
+    uint32_t step;   /* frequency added per coded symbol */
+    uint32_t period; /* symbols between relearnings */
+    uint32_t freq[FZ_MAX_SYMBOLS];
+    uint32_t start[FZ_MAX_SYMBOLS + 1]; /* cumulative frequencies; start[n] = 2^16 */
+    uint16_t slot[FZ_SLOTS + 1];        /* slot[j]: the symbol holding cumulative j << 9 */
+} fz_model;
+
+static void fz_relearn(fz_model *m)
+{
+    uint32_t acc = FZ_TOTAL, spare = FZ_TOTAL;
+    unsigned s, j;
+    if (m->extra) {
+        /* the period's last `extra` symbols each add one more */
+        m->due = m->extra;
+        m->extra = 0;
+        m->step++;
+        return;
+    }
+    if (m->period < FZ_PERIOD_MAX)
+        m->period = m->period * 2 < FZ_PERIOD_MAX ? m->period * 2 : FZ_PERIOD_MAX;
+    for (s = m->n; s-- > 0;) {
+        acc -= m->freq[s];
+        m->start[s] = acc;
+        m->freq[s] = (m->freq[s] >> 1) | 1;
+        spare -= m->freq[s];
+    }
+    m->step = spare / m->period;
+    m->extra = spare % m->period;
+    m->due = m->period - m->extra;
+    for (s = 0, j = 0; j < FZ_SLOTS; j++) {
+        while (m->start[s + 1] <= (uint32_t)j << FZ_SLOT_BITS)
+            s++;
+        m->slot[j] = (uint16_t)s;
+    }
+    m->slot[FZ_SLOTS] = (uint16_t)(m->n - 1);
+}
+
+static void fz_model_init(fz_model *m, unsigned n)
+{
+    unsigned s;
+    m->n = n;
+    m->period = (n >> 4) | 2;
+    m->extra = 0;
+    for (s = 0; s < n; s++)
+        m->freq[s] = FZ_TOTAL / n + (s < FZ_TOTAL % n);
+    m->start[n] = FZ_TOTAL;
+    fz_relearn(m);
+}
+
+/* a symbol coded with model m */
+static inline unsigned fz_symbol(fz_coder *c, fz_model *m)
+{
+    uint32_t r = c->range >> FZ_TOTAL_BITS, f;
+    unsigned lo, hi;
+    if (r == 0)
+        return fz_fail(c, "the range coder's interval is empty");
+    f = (c->code - c->low) / r;
+    if (f >= FZ_TOTAL)
+        return fz_fail(c, "a coded symbol is out of range");
+    /* the symbol s with start[s] <= f < start[s + 1], between its slot's and the next slot's */
+    lo = m->slot[f >> FZ_SLOT_BITS];
+    hi = m->slot[(f >> FZ_SLOT_BITS) + 1];
+    while (lo < hi) {
+        unsigned mid = (lo + hi + 1) >> 1;
+        if (m->start[mid] <= f)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    c->low += r * m->start[lo];
+    c->range = r * (m->start[lo + 1] - m->start[lo]);
+    if (m->due == 0)
+        fz_relearn(m);
+    m->due--;
+    m->freq[lo] += m->step;
+    fz_settle(c);
+    return lo;
+}
+
+/* ------------------------------------------------------------------ fields */
+
+/* One field of nx * ny * nz values of type T (bit pattern type U, `width` bits) at `bits` bits
+ * of precision, into out (x fastest). plane: 2 * (nx + 1) * (ny + 1) zeroed values, the
+ * previous and current z planes with a row and a column of zeros before them (the neighbours
+ * outside the field). Returns 0, or -1 with c->err set. */
+#define FZ_FIELD(NAME, T, U, WIDTH)                                                              \
+    static int NAME(fz_coder *c, fz_model *m, T *out, T *plane, size_t nx, size_t ny,          \
+                    size_t nz, unsigned bits)                                                   \
+    {                                                                                           \
+        const unsigned cut = WIDTH - bits; /* low bits a lossy precision drops */              \
+        const int wide = bits > 8;                                                              \
+        const U bias = wide ? (U)bits : ((U)1 << bits) - 1;                                     \
+        const size_t row = nx + 1, area = row * (ny + 1);                                       \
+        T *prev = plane, *cur = plane + area;                                                   \
+        size_t x, y, z;                                                                         \
+        fz_model_init(m, wide ? 2 * bits + 1 : 2 * (1u << bits) - 1);                           \
+        for (z = 0; z < nz; z++) {                                                              \
+            T *swap = prev;                                                                     \
+            prev = cur;                                                                         \
+            cur = swap;                                                                         \
+            for (y = 0; y < ny; y++) {                                                          \
+                /* rows y and y - 1 of this plane (c0, c1) and the previous one (p0, p1),     \
+                 * each from x = -1 */                                                          \
+                T *c0 = cur + (y + 1) * row;                                                    \
+                const T *c1 = cur + y * row, *p0 = prev + (y + 1) * row, *p1 = prev + y * row;  \
+                for (x = 0; x < nx; x++) {                                                      \
+                    T pred, v;                                                                  \
+                    U u, r;                                                                     \
+                    unsigned s;                                                                 \
+                    pred = (T)(c0[x] - p1[x + 1]);                                              \
+                    pred = (T)(pred + c1[x + 1]);                                               \
+                    pred = (T)(pred - p0[x]);                                                   \
+                    pred = (T)(pred + p0[x + 1]);                                               \
+                    pred = (T)(pred - c1[x]);                                                   \
+                    pred = (T)(pred + p1[x]);                                                   \
+                    memcpy(&u, &pred, sizeof u);                                                \
+                    s = fz_symbol(c, m);                                                        \
+                    if (c->err)                                                                 \
+                        return -1;                                                              \
+                    if (wide && s == bias) {                                                    \
+                        r = (u >> cut) << cut; /* exact: the prediction, cut */                \
+                    } else {                                                                    \
+                        /* the prediction as a monotonic `bits`-bit integer */                  \
+                        u = (U)~u >> cut;                                                       \
+                        u ^= (U)((U)0 - (u >> (bits - 1))) >> (cut + 1);                        \
+                        if (!wide) {                                                            \
+                            r = (U)(u + s - bias);                                              \
+                        } else {                                                                \
+                            unsigned k = s > bias ? s - (unsigned)bias - 1                      \
+                                                  : (unsigned)bias - 1 - s;                     \
+                            U d = ((U)1 << k) + (U)fz_uniform_wide(c, k);                       \
+                            if (c->err)                                                         \
+                                return -1;                                                      \
+                            r = s > bias ? (U)(u + d) : (U)(u - d);                             \
+                        }                                                                       \
+                        r ^= (U)((U)0 - (r >> (bits - 1))) >> (cut + 1);                        \
+                        r = (U)(~r << cut);                                                     \
+                    }                                                                           \
+                    memcpy(&v, &r, sizeof v);                                                   \
+                    c0[x + 1] = v;                                                              \
+                    *out++ = v;                                                                 \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        return 0;                                                                               \
+    }
+
+FZ_FIELD(fz_field_f32, float, uint32_t, 32)
+FZ_FIELD(fz_field_f64, double, uint64_t, 64)
+
+/* ------------------------------------------------------------------ stream */
+
+typedef struct {
+    unsigned type; /* 0 float32, 1 float64 */
+    unsigned prec; /* as stored: 0 = all bits */
+    uint32_t dim[4];
+} fz_header;
+
+static int fz_read_header(fz_coder *c, fz_header *h)
+{
+    static const unsigned char magic[4] = {'f', 'p', 'z', 0};
+    int i;
+    c->low = 0;
+    c->range = 0xFFFFFFFFu;
+    c->code = 0;
+    if (!fz_input(c, 4))
+        return -1;
+    for (i = 0; i < 4; i++)
+        if (fz_uniform(c, 8) != magic[i] || c->err)
+            return fz_fail(c, "no fpzip magic: not an fpzip stream"), -1;
+    if (fz_uniform(c, 16) != 0x0110 || c->err)
+        return fz_fail(c, "not fpzip format version 0x0110"), -1;
+    if (fz_uniform(c, 8) != 1 || c->err)
+        return fz_fail(c, "written in an fpzip floating-point mode other than FAST (the "
+                          "fpzip package's)"), -1;
+    h->type = fz_uniform(c, 1);
+    h->prec = fz_uniform(c, 7);
+    for (i = 0; i < 4; i++) {
+        uint32_t low = fz_uniform(c, 16);
+        h->dim[i] = low | (fz_uniform(c, 16) << 16);
+    }
+    return c->err ? -1 : 0;
+}
+
+/* bits per value the stream codes, or 0 if its precision is not one fpzip writes */
+static unsigned fz_bits(const fz_header *h)
+{
+    if (h->type == 0)
+        return h->prec == 0 ? 32 : (h->prec >= 2 && h->prec <= 32 ? h->prec : 0);
+    if (h->prec == 0)
+        return 64;
+    return h->prec >= 4 && h->prec <= 64 && h->prec % 2 == 0 ? h->prec : 0;
+}
+
+/* Decode the stream after its header into out (count values, count checked by the caller).
+ * Runs without the GIL. Returns 0, -1 (c->err set) or -2 (out of memory). */
+static int fz_decode_body(fz_coder *c, const fz_header *h, unsigned bits, void *out)
+{
+    const size_t nx = h->dim[0], ny = h->dim[1], nz = h->dim[2], nf = h->dim[3];
+    const size_t size = h->type ? sizeof(double) : sizeof(float);
+    const size_t area = (nx + 1) * (ny + 1), field = nx * ny * nz;
+    fz_model *m;
+    void *plane;
+    size_t f;
+    int rc = 0;
+    if (field == 0 || nf == 0)
+        return 0;
+    if (area > SIZE_MAX / 2 / size)
+        return -2;
+    m = (fz_model *)malloc(sizeof *m);
+    plane = malloc(2 * area * size);
+    if (m == NULL || plane == NULL) {
+        free(m);
+        free(plane);
+        return -2;
+    }
+    for (f = 0; f < nf && rc == 0; f++) {
+        memset(plane, 0, 2 * area * size); /* all +0.0 */
+        if (h->type)
+            rc = fz_field_f64(c, m, (double *)out + f * field, (double *)plane, nx, ny, nz, bits);
+        else
+            rc = fz_field_f32(c, m, (float *)out + f * field, (float *)plane, nx, ny, nz, bits);
+    }
+    free(m);
+    free(plane);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ Python */
+
+static PyObject *header_tuple(const fz_header *h)
+{
+    return Py_BuildValue("(sI(kkkk))", h->type ? "float64" : "float32", h->prec,
+                         (unsigned long)h->dim[0], (unsigned long)h->dim[1],
+                         (unsigned long)h->dim[2], (unsigned long)h->dim[3]);
+}
+
+static PyObject *raise_stream(const fz_coder *c)
+{
+    PyErr_Format(PyExc_ValueError, "%s (at byte %zu of %zu)", c->err, c->err_at,
+                 (size_t)(c->end - c->begin));
+    return NULL;
+}
+
+PyDoc_STRVAR(fpzip_header_doc,
+"fpzip_header(data) -> (dtype name, precision, (nx, ny, nz, nf))\n\n"
+"The header of the fpzip stream in the bytes-like `data` ('float32' or\n"
+"'float64'; precision 0 = all bits). Raises ValueError where there is none.");
+
+static PyObject *fpzip_header(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    fz_coder c;
+    fz_header h;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    memset(&c, 0, sizeof c);
+    c.p = c.begin = (const unsigned char *)view.buf;
+    c.end = c.begin + view.len;
+    if (fz_read_header(&c, &h) < 0) {
+        PyBuffer_Release(&view);
+        return raise_stream(&c);
+    }
+    PyBuffer_Release(&view);
+    return header_tuple(&h);
+}
+
+PyDoc_STRVAR(fpzip_decode_doc,
+"fpzip_decode(data, out) -> int\n\n"
+"Decode the fpzip stream in the bytes-like `data` into `out`, a writable,\n"
+"Fortran-contiguous, native float32 or float64 ndarray (the stream's type)\n"
+"of exactly nx * ny * nz * nf elements: its memory receives the values\n"
+"x fastest, then y, z and field -- what fpzip.decompress(data, order='F')\n"
+"returns, out[x, y, z, f] for out of shape (nx, ny, nz, nf). Returns the\n"
+"number of bytes the stream takes (what follows is not read). Raises\n"
+"ValueError on a damaged or truncated stream, a precision fpzip does not\n"
+"write, or an `out` of another type or size (checked before anything is\n"
+"written); out's contents are then unspecified. Releases the GIL while\n"
+"decoding.");
+
+static PyObject *fpzip_decode(PyObject *self, PyObject *args)
+{
+    PyObject *data_obj;
+    PyArrayObject *out;
+    Py_buffer view;
+    fz_coder c;
+    fz_header h;
+    unsigned bits;
+    uint64_t count = 1;
+    size_t esize;
+    int i, rc;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!:fpzip_decode", &data_obj, &PyArray_Type, &out))
+        return NULL;
+    if ((PyArray_TYPE(out) != NPY_FLOAT32 && PyArray_TYPE(out) != NPY_FLOAT64) ||
+        !PyArray_ISNOTSWAPPED(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must have native float32 or float64 dtype");
+        return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(out) || !PyArray_IS_F_CONTIGUOUS(out)) {
+        PyErr_SetString(PyExc_ValueError, "out must be writable and Fortran-contiguous");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(data_obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    memset(&c, 0, sizeof c);
+    c.p = c.begin = (const unsigned char *)view.buf;
+    c.end = c.begin + view.len;
+    if (fz_read_header(&c, &h) < 0) {
+        PyBuffer_Release(&view);
+        return raise_stream(&c);
+    }
+    esize = h.type ? sizeof(double) : sizeof(float);
+    if ((size_t)PyArray_ITEMSIZE(out) != esize) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "the stream holds %s values; out is %s",
+                     h.type ? "float64" : "float32",
+                     PyArray_TYPE(out) == NPY_FLOAT64 ? "float64" : "float32");
+        return NULL;
+    }
+    bits = fz_bits(&h);
+    if (bits == 0) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "the stream's precision %u is not one fpzip writes for "
+                     "%s (%s)", h.prec, h.type ? "float64" : "float32",
+                     h.type ? "0 or 4..64, even" : "0 or 2..32");
+        return NULL;
+    }
+    /* the library keeps the values an x-y plane back in a ring it indexes with 32-bit
+     * arithmetic, which breaks beyond 2**31 entries: no stream it can read has such planes */
+    if (h.dim[2] && h.dim[3] && (uint64_t)h.dim[0] + 1 + ((uint64_t)h.dim[0] + 1) *
+                                  ((uint64_t)h.dim[1] + 1) + 1 > ((uint64_t)1 << 31)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the stream's x-y planes exceed fpzip's 2**31 limit");
+        return NULL;
+    }
+    for (i = 0; i < 4; i++)
+        if (h.dim[i] == 0)
+            count = 0;
+    for (i = 0; i < 4 && count; i++) {
+        if (count > UINT64_MAX / h.dim[i]) {
+            count = UINT64_MAX; /* overflows: no out is that large */
+            break;
+        }
+        count *= h.dim[i];
+    }
+    if (count != (uint64_t)PyArray_SIZE(out)) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "the stream holds %lu x %lu x %lu x %lu values; out has "
+                     "%zd", (unsigned long)h.dim[0], (unsigned long)h.dim[1],
+                     (unsigned long)h.dim[2], (unsigned long)h.dim[3],
+                     (Py_ssize_t)PyArray_SIZE(out));
+        return NULL;
+    }
+    if (count) {
+        const uintptr_t lo = (uintptr_t)PyArray_DATA(out), hi = lo + (uintptr_t)(count * esize);
+        const uintptr_t blo = (uintptr_t)view.buf, bhi = blo + (uintptr_t)view.len;
+        if (lo < bhi && blo < hi) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "out overlaps the input buffer");
+            return NULL;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = fz_decode_body(&c, &h, bits, PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (rc == -2)
+        return PyErr_NoMemory();
+    if (rc < 0)
+        return raise_stream(&c);
+    return PyLong_FromSize_t((size_t)(c.p - c.begin));
+}
+
+static PyMethodDef fpzip_methods[] = {
+    {"fpzip_decode", fpzip_decode, METH_VARARGS, fpzip_decode_doc},
+    {"fpzip_header", fpzip_header, METH_O, fpzip_header_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fpzip_module = {
+    PyModuleDef_HEAD_INIT,
+    "_fpzip",
+    "The bounds-checked fpzip decoder of xarray_precomputed (GIL released).",
+    -1,
+    fpzip_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fpzip(void)
+{
+    import_array();
+    PyObject *m = PyModule_Create(&fpzip_module);
+#ifdef Py_GIL_DISABLED
+    /* no state outside each call */
+    if (m != NULL)
+        PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
+}

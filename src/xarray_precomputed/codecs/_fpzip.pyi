@@ -1,0 +1,9 @@
+# The C fpzip decoder (codecs/_fpzip.c).
+from typing import Union
+
+import numpy as np
+
+Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
+
+def fpzip_decode(data: Buffer, out: np.ndarray) -> int: ...
+def fpzip_header(data: Buffer) -> tuple[str, int, tuple[int, int, int, int]]: ...
