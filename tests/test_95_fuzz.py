@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 
 # cases per child process; the total is asserted below
 CASES = {"info": 1200, "shard": 1000, "chunk": 260}
-CHUNK_ENCODINGS = ["raw", "compressed_segmentation", "jpeg", "png", "jxl", "compresso"]
+CHUNK_ENCODINGS = ["raw", "compressed_segmentation", "jpeg", "png", "jxl", "compresso", "crackle",
+                   "fpzip", "kempressed", "zfpc"]
 CHILD_TIMEOUT = 170          # seconds a child may run before it counts as hung
 CHILD_MEMORY = 4 << 30       # RLIMIT_AS of a child: no case may allocate anywhere near this
 MAX_OUT_BYTES = 8 << 20      # the fuzz reads boxes no larger than this
@@ -75,6 +76,12 @@ BASES = {
     "jxl_u8_c3": ("chunk", "jxl", (12, 16, 8, 3), "uint8", {}),
     "compresso_u32": ("chunk", "compresso", (12, 16, 8, 1), "uint32", {}),
     "compresso_u64": ("chunk", "compresso", (12, 16, 8, 1), "uint64", {}),
+    "crackle_u64": ("chunk", "crackle", (12, 16, 8, 1), "uint64", {}),
+    "crackle_u32_pins_markov": ("chunk", "crackle", (12, 16, 8, 1), "uint32",
+                                dict(allow_pins=1, markov_model_order=3)),
+    "fpzip_f32_c2": ("chunk", "fpzip", (12, 16, 8, 2), "float32", {}),
+    "kempressed_f32_c3": ("chunk", "kempressed", (12, 16, 8, 3), "float32", {}),
+    "zfpc_f32_c1": ("chunk", "zfpc", (12, 16, 8, 1), "float32", {}),
     "shard_raw_u32_mm_gzgz": ("shard", "raw", (24, 24, 12, 1), "uint32",
                               dict(chunk_size=(8, 8, 4), sharding=SH_MM_GZ)),
     "shard_raw_u16_c2_id_raw": ("shard", "raw", (20, 16, 8, 2), "uint16",
@@ -106,7 +113,7 @@ def _write_by_hand(path: Path, data, encoding, encode, voxel_offset=(0, 0, 0), c
     """An unsharded volume whose chunk files are encode(XYZC block) (encodings TS lacks)."""
     path.mkdir(parents=True)
     info = {"@type": "neuroglancer_multiscale_volume",
-            "type": "segmentation" if encoding == "compresso" else "image",
+            "type": "segmentation" if encoding in ("compresso", "crackle") else "image",
             "data_type": data.dtype.name, "num_channels": int(data.shape[3]),
             "scales": [{"key": "s0", "size": list(data.shape[:3]), "voxel_offset": list(voxel_offset),
                         "resolution": [4, 4, 40], "chunk_sizes": [list(chunk)],
@@ -124,7 +131,10 @@ def _write_by_hand(path: Path, data, encoding, encode, voxel_offset=(0, 0, 0), c
 def build_bases(root: Path) -> None:
     """Write every BASES volume under `root` and its reading (checked) as `<name>.npy`."""
     import compresso
+    import crackle
     import imagecodecs
+
+    from xarray_precomputed.codecs.registry import get_codec
 
     import oracle
 
@@ -135,7 +145,8 @@ def build_bases(root: Path) -> None:
             data = _smooth(shape, i, dt)
         else:
             data = oracle.make_data(shape, dt, seed=200 + i,
-                                    labels=encoding in ("compressed_segmentation", "compresso"))
+                                    labels=encoding in ("compressed_segmentation", "compresso",
+                                                        "crackle"))
         if encoding == "jxl":
             _write_by_hand(path, data, "jxl",
                            lambda b: imagecodecs.jpegxl_encode(_as_image(b), lossless=True))
@@ -143,6 +154,14 @@ def build_bases(root: Path) -> None:
         elif encoding == "compresso":
             _write_by_hand(path, data, "compresso", lambda b: compresso.compress(b[..., 0]))
             truth = data
+        elif encoding == "crackle":  # pins and Markov-coded crack codes where asked for
+            _write_by_hand(path, data, "crackle", lambda b: bytes(crackle.compress(
+                np.asfortranarray(b[..., 0]), **kw)))
+            truth = data
+        elif encoding in ("fpzip", "kempressed", "zfpc"):  # lossless
+            _write_by_hand(path, data, encoding, get_codec(encoding).encode)
+            # kempressed stores value + 2 and reads it back minus 2, rounded in float32
+            truth = (data + dt.type(2)) - dt.type(2) if encoding == "kempressed" else data
         else:
             kw = {"chunk_size": (8, 8, 8), **kw}
             oracle.write_volume(path, data, encoding=encoding, **kw)
