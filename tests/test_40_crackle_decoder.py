@@ -21,14 +21,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import crackle
 import numpy as np
 import pytest
 
-crackle = pytest.importorskip("crackle")
-_crackle = pytest.importorskip("xarray_precomputed.codecs._crackle")
-
-from xarray_precomputed.codecs import get_decoder  # noqa: E402
-from xarray_precomputed.errors import CorruptChunkError  # noqa: E402
+from xarray_precomputed.codecs import _crackle, get_decoder
+from xarray_precomputed.errors import CorruptChunkError
 
 
 def volume(shape, dtype, kind, seed=0) -> np.ndarray:
