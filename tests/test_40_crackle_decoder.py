@@ -50,8 +50,13 @@ def volume(shape, dtype, kind, seed=0) -> np.ndarray:
     return np.asfortranarray(a)
 
 
-def decode(stream: bytes, shape, dtype, origin=(0, 0, 0)) -> np.ndarray:
-    out = np.zeros(shape, dtype)
+def decode(stream: bytes, shape, dtype, origin=(0, 0, 0), order="C") -> np.ndarray:
+    """Into a C-ordered array (z fastest: slices are held and written in runs along z), a
+    Fortran-ordered one (slice by slice), or a channel of an XYZC array (strided)."""
+    if order == "channel":
+        out = np.zeros((*shape, 3), dtype)[..., 1]
+    else:
+        out = np.zeros(shape, dtype, order=order)
     _crackle.decode(stream, out, origin)
     return out
 
@@ -95,13 +100,15 @@ def test_decodes_what_crackle_codec_writes(shape, dtype):
             ours = decode(stream, shape, dtype)
             np.testing.assert_array_equal(ours, crackle.decompress(stream))
             np.testing.assert_array_equal(ours, data)
+            np.testing.assert_array_equal(decode(stream, shape, dtype, order="F"), data)
             # a sub-box: x and y from inside, a z range (only those slices are decoded)
             sx, sy, sz = shape
             o = (sx // 3, sy // 4, sz // 2)
             n = (sx - o[0], max(1, sy // 2), sz - o[2])
-            part = decode(stream, n, dtype, o)
-            np.testing.assert_array_equal(
-                part, data[o[0]:o[0] + n[0], o[1]:o[1] + n[1], o[2]:o[2] + n[2]])
+            for order in ("C", "F", "channel"):
+                part = decode(stream, n, dtype, o, order)
+                np.testing.assert_array_equal(
+                    part, data[o[0]:o[0] + n[0], o[1]:o[1] + n[1], o[2]:o[2] + n[2]])
     if min(shape[:2]) > 1:  # both label formats and both crack codings were exercised
         assert {(0, False), (2, False), (0, True), (2, True)} <= formats, formats
 

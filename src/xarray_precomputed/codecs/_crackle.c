@@ -745,11 +745,70 @@ static void pins_map(const crk_stream *s, const crk_labels *T, const uint32_t *c
     }
 }
 
+/* Writing decoded slices into the caller's array. Slice by slice suits an array whose z stride
+ * is its largest (Fortran order); where z varies fastest (C order), one slice's writes land one
+ * per cache line, so runs of HOLD slices are held and written along z together. */
+#define HOLD 8
+
+#define PUT(T, dst, v) (*(T *)(dst) = (T)(v))
+#define PUT_ANY(es, dst, v)                                                                 \
+    do {                                                                                    \
+        switch (es) {                                                                       \
+        case 1: PUT(uint8_t, dst, v); break;                                                \
+        case 2: PUT(uint16_t, dst, v); break;                                               \
+        case 4: PUT(uint32_t, dst, v); break;                                               \
+        default: PUT(uint64_t, dst, v);                                                     \
+        }                                                                                   \
+    } while (0)
+
+static void put_slice(const crk_out *O, const uint64_t *values, const uint32_t *cc, uint64_t sx,
+                      uint64_t k)
+{
+    char *plane = O->out + (int64_t)k * O->st[2];
+    uint64_t x, y;
+    for (y = 0; y < (uint64_t)O->n[1]; y++) {
+        const uint32_t *row = cc + sx * (y + (uint64_t)O->o[1]) + (uint64_t)O->o[0];
+        char *dst = plane + (int64_t)y * O->st[1];
+        switch (O->es) {  /* the switch outside the loops: one tight loop per width */
+        case 1:
+            for (x = 0; x < (uint64_t)O->n[0]; x++)
+                PUT(uint8_t, dst + (int64_t)x * O->st[0], values[row[x]]);
+            break;
+        case 2:
+            for (x = 0; x < (uint64_t)O->n[0]; x++)
+                PUT(uint16_t, dst + (int64_t)x * O->st[0], values[row[x]]);
+            break;
+        case 4:
+            for (x = 0; x < (uint64_t)O->n[0]; x++)
+                PUT(uint32_t, dst + (int64_t)x * O->st[0], values[row[x]]);
+            break;
+        default:
+            for (x = 0; x < (uint64_t)O->n[0]; x++)
+                PUT(uint64_t, dst + (int64_t)x * O->st[0], values[row[x]]);
+        }
+    }
+}
+
+/* slices k0 .. k0 + count - 1, held as count planes of n[0] x n[1] labels */
+static void put_held(const crk_out *O, const uint64_t *held, uint64_t k0, uint64_t count)
+{
+    const uint64_t nxy = (uint64_t)(O->n[0] * O->n[1]);
+    uint64_t x, y, k;
+    for (x = 0; x < (uint64_t)O->n[0]; x++)
+        for (y = 0; y < (uint64_t)O->n[1]; y++) {
+            char *dst = O->out + (int64_t)x * O->st[0] + (int64_t)y * O->st[1] +
+                        (int64_t)k0 * O->st[2];
+            const uint64_t *src = held + x + O->n[0] * y;
+            for (k = 0; k < count; k++)
+                PUT_ANY(O->es, dst + (int64_t)k * O->st[2], src[k * nxy]);
+        }
+}
+
 static int decode_labels(const crk_stream *s, const crk_out *O, crk_err *e)
 {
     const unsigned char *L = s->labels;
     uint64_t left = 0, z, z0, z1, off;
-    uint64_t *values = NULL;
+    uint64_t *values = NULL, *held = NULL;
     crk_labels T;
     crk_scratch w;
     int rc = -1;
@@ -764,6 +823,13 @@ static int decode_labels(const crk_stream *s, const crk_out *O, crk_err *e)
     if (!values) {
         e->nomem = 1;
         goto done;
+    }
+    if (O->n[2] > 1 && llabs(O->st[2]) < llabs(O->st[0]) && llabs(O->st[2]) < llabs(O->st[1])) {
+        held = malloc(8 * HOLD * (size_t)(O->n[0] * O->n[1]));  /* <= 8 * HOLD * sxy */
+        if (!held) {
+            e->nomem = 1;
+            goto done;
+        }
     }
     z0 = (uint64_t)O->o[2];
     z1 = z0 + (uint64_t)O->n[2];
@@ -797,34 +863,23 @@ static int decode_labels(const crk_stream *s, const crk_out *O, crk_err *e)
             pins_map(s, &T, w.cc, z, left, ncomp, values);
         }
         left += ncomp;
-        {
-            char *plane = O->out + (int64_t)(z - z0) * O->st[2];
+        if (!held) {
+            put_slice(O, values, w.cc, s->sx, z - z0);
+        } else {  /* hold the slice's labels; write a run of slices along z at once */
+            uint64_t *plane = held + (z - z0) % HOLD * (uint64_t)(O->n[0] * O->n[1]);
             for (y = 0; y < (uint64_t)O->n[1]; y++) {
                 const uint32_t *row = w.cc + s->sx * (y + (uint64_t)O->o[1]) + (uint64_t)O->o[0];
-                char *dst = plane + (int64_t)y * O->st[1];
-                switch (O->es) {
-                case 1:
-                    for (x = 0; x < (uint64_t)O->n[0]; x++)
-                        *(uint8_t *)(dst + (int64_t)x * O->st[0]) = (uint8_t)values[row[x]];
-                    break;
-                case 2:
-                    for (x = 0; x < (uint64_t)O->n[0]; x++)
-                        *(uint16_t *)(dst + (int64_t)x * O->st[0]) = (uint16_t)values[row[x]];
-                    break;
-                case 4:
-                    for (x = 0; x < (uint64_t)O->n[0]; x++)
-                        *(uint32_t *)(dst + (int64_t)x * O->st[0]) = (uint32_t)values[row[x]];
-                    break;
-                default:
-                    for (x = 0; x < (uint64_t)O->n[0]; x++)
-                        *(uint64_t *)(dst + (int64_t)x * O->st[0]) = values[row[x]];
-                }
+                for (x = 0; x < (uint64_t)O->n[0]; x++)
+                    plane[x + (uint64_t)O->n[0] * y] = values[row[x]];
             }
+            if ((z - z0) % HOLD == HOLD - 1 || z + 1 == z1)
+                put_held(O, held, (z - z0) - (z - z0) % HOLD, (z - z0) % HOLD + 1);
         }
     }
     rc = 0;
 done:
     free(values);
+    free(held);
     scratch_free(&w);
     return rc;
 }
