@@ -1,4 +1,5 @@
-"""MB/s of decoded output: our `_fpzip.fpzip_decode` vs the PyPI `fpzip` package's decompress.
+"""MB/s of decoded output: our `_fpzip.fpzip_decode` vs the PyPI `fpzip` package's decompress;
+and MB/s of encoded input: our `_fpzip.fpzip_encode` vs the package's compress.
 
     python benchmarks/bench_fpzip_decoder.py [--repeat N] [--rounds N]
 
@@ -56,8 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{platform.processor() or platform.machine()}, fpzip {fpzip.__version__}")
     print(f"{'input':<28} {'stream':>10} {'ours MB/s':>10} {'fpzip MB/s':>11} {'ratio':>6}")
-    for name, a in [("128^3 float32 smooth", smooth(128)),
-                    ("64^3 x 3 kempressed-like", kempressed_like(64))]:
+    inputs = [("128^3 float32 smooth", smooth(128)),
+              ("64^3 x 3 kempressed-like", kempressed_like(64))]
+    for name, a in inputs:
         stream = fpzip.compress(a, order="F")
         out = np.empty(a.shape, a.dtype, order="F")
         _fpzip.fpzip_decode(stream, out)
@@ -67,6 +69,16 @@ def main() -> None:
                          args.repeat, args.rounds)
         theirs = best_rate(lambda s=stream: fpzip.decompress(s, order="F"), a.nbytes,
                            args.repeat, args.rounds)
+        print(f"{name:<28} {len(stream):>10} {ours:>10.1f} {theirs:>11.1f} {ours / theirs:>6.2f}")
+    print()
+    print(f"{'encode input':<28} {'stream':>10} {'ours MB/s':>10} {'fpzip MB/s':>11} {'ratio':>6}")
+    for name, a in inputs:
+        stream = fpzip.compress(a, order="F")
+        assert _fpzip.fpzip_encode(a, 0) == stream, name
+        ours = best_rate(lambda a=a: _fpzip.fpzip_encode(a, 0), a.nbytes, args.repeat,
+                         args.rounds)
+        theirs = best_rate(lambda a=a: fpzip.compress(a, order="F"), a.nbytes, args.repeat,
+                           args.rounds)
         print(f"{name:<28} {len(stream):>10} {ours:>10.1f} {theirs:>11.1f} {ours / theirs:>6.2f}")
 
 

@@ -20,7 +20,7 @@ EXTENSIONS = {
     "xarray_precomputed.codecs._cseg": "compressed_segmentation decoder",
     "xarray_precomputed.codecs._cseg_encode": "compressed_segmentation encoder",
     "xarray_precomputed.codecs._fortran": "raw chunk copies",
-    "xarray_precomputed.codecs._fpzip": "fpzip decoder",
+    "xarray_precomputed.codecs._fpzip": "fpzip decoder and encoder",
     "xarray_precomputed.codecs._crackle": "crackle decoder",
     "xarray_precomputed.dvid._block": "DVID block decoder",
     "xarray_precomputed.storage._fileread": "local file reads",

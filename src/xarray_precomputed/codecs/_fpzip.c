@@ -1,6 +1,12 @@
-/* codecs._fpzip: our own decoder of fpzip streams (the format of LLNL's fpzip 1.3.0, as the
- * `fpzip` package writes it: header included, floating-point mode FPZIP_FP_FAST), one stream
- * per call, the GIL released.
+/* codecs._fpzip: our own decoder and encoder of fpzip streams (the format of LLNL's fpzip 1.3.0,
+ * as the `fpzip` package writes it: header included, floating-point mode FPZIP_FP_FAST), one
+ * stream per call, the GIL released.
+ *
+ * Why our own encoder: the package's compress writes into a buffer of the input's size plus 24
+ * values, and on data that does not compress it retries with a larger write limit but the same
+ * buffer, so a stream more than about that much longer than the input is written past it (heap
+ * corruption). Ours writes the package's bytes exactly, into an output that grows as needed, up
+ * to a bound set by the input's size; see "encoder" below.
  *
  * Why not the library's decoder: it reads its input through a bare pointer and never asks where
  * the input ends, so a truncated or damaged chunk makes it read on past the buffer (a segfault)
@@ -141,6 +147,7 @@ static inline uint64_t fz_uniform_wide(fz_coder *c, unsigned n)
 
 typedef struct {
     unsigned n;
+    int search;      /* keep the lookup slots (decoding only) */
     uint32_t due;    /* symbols until the next step change or relearning */
     uint32_t extra;  /* symbols still to take step + 1, after these `due` */
     uint32_t step;   /* frequency added per coded symbol */
@@ -172,6 +179,8 @@ static void fz_relearn(fz_model *m)
     m->step = spare / m->period;
     m->extra = spare % m->period;
     m->due = m->period - m->extra;
+    if (!m->search)
+        return;
     for (s = 0, j = 0; j < FZ_SLOTS; j++) {
         while (m->start[s + 1] <= (uint32_t)j << FZ_SLOT_BITS)
             s++;
@@ -180,10 +189,11 @@ static void fz_relearn(fz_model *m)
     m->slot[FZ_SLOTS] = (uint16_t)(m->n - 1);
 }
 
-static void fz_model_init(fz_model *m, unsigned n)
+static void fz_model_init(fz_model *m, unsigned n, int search)
 {
     unsigned s;
     m->n = n;
+    m->search = search;
     m->period = (n >> 4) | 2;
     m->extra = 0;
     for (s = 0; s < n; s++)
@@ -238,7 +248,7 @@ static inline unsigned fz_symbol(fz_coder *c, fz_model *m)
         const size_t row = nx + 1, area = row * (ny + 1);                                       \
         T *prev = plane, *cur = plane + area;                                                   \
         size_t x, y, z;                                                                         \
-        fz_model_init(m, wide ? 2 * bits + 1 : 2 * (1u << bits) - 1);                           \
+        fz_model_init(m, wide ? 2 * bits + 1 : 2 * (1u << bits) - 1, 1);                        \
         for (z = 0; z < nz; z++) {                                                              \
             T *swap = prev;                                                                     \
             prev = cur;                                                                         \
@@ -369,6 +379,240 @@ static int fz_decode_body(fz_coder *c, const fz_header *h, unsigned bits, void *
     free(m);
     free(plane);
     return rc;
+}
+
+/* ------------------------------------------------------------------ encoder */
+
+/* The writing side of the same format: the coder, model, predictor and maps above run forwards,
+ * so that every stream this writes is the one the fpzip package writes for the same array
+ * (byte for byte: tests/test_41), except that the output grows as it must instead of running
+ * past a fixed buffer. The encoder's interval (low, range) is the decoder's; each settled top
+ * byte of `low` is emitted as it is settled, and four more finish the stream. */
+
+typedef struct {
+    unsigned char *buf;
+    size_t len, cap;
+    size_t limit;   /* the most bytes the stream may take (an upper bound for the array) */
+    uint32_t low, range;
+    int failed;     /* the buffer could not grow: nothing more is stored (the caller stops) */
+} fz_writer;
+
+/* room for at least one more byte, doubling the buffer up to the limit */
+static int fz_grow(fz_writer *w)
+{
+    size_t want;
+    unsigned char *more;
+    if (w->failed || w->cap >= w->limit)
+        return w->failed = 1, 0;
+    want = w->cap > w->limit / 2 ? w->limit : 2 * w->cap;
+    if (want < 64)
+        want = w->limit < 64 ? w->limit : 64;
+    more = (unsigned char *)realloc(w->buf, want);
+    if (more == NULL)
+        return w->failed = 1, 0;
+    w->buf = more;
+    w->cap = want;
+    return 1;
+}
+
+/* emit the top byte of low, n times over */
+static inline void fz_emit(fz_writer *w, int n)
+{
+    while (n--) {
+        if (w->len < w->cap || fz_grow(w))
+            w->buf[w->len++] = (unsigned char)(w->low >> 24);
+        w->low <<= 8;
+    }
+}
+
+/* emit what the last coded number settled (the decoder's fz_settle, in step) */
+static inline void fz_push(fz_writer *w)
+{
+    while (((w->low ^ (w->low + w->range)) >> 24) == 0) {
+        fz_emit(w, 1);
+        w->range <<= 8;
+    }
+    if ((w->range >> 16) == 0) {
+        fz_emit(w, 2);
+        w->range = 0u - w->low;
+    }
+}
+
+/* code 0 <= v < 2^n, n <= 16, uniformly */
+static inline void fz_put_uniform(fz_writer *w, uint32_t v, unsigned n)
+{
+    w->range >>= n;
+    w->low += w->range * v;
+    fz_push(w);
+}
+
+/* code an n-bit number, n <= 64: 16 bits at a time, low bits first */
+static inline void fz_put_wide(fz_writer *w, uint64_t v, unsigned n)
+{
+    while (n > 16) {
+        fz_put_uniform(w, (uint32_t)(v & 0xFFFFu), 16);
+        v >>= 16;
+        n -= 16;
+    }
+    fz_put_uniform(w, (uint32_t)v, n);
+}
+
+/* code symbol s < m->n with model m, then let the model learn it */
+static inline void fz_put_symbol(fz_writer *w, fz_model *m, unsigned s)
+{
+    const uint32_t r = w->range >> FZ_TOTAL_BITS;
+    w->low += r * m->start[s];
+    w->range = r * (m->start[s + 1] - m->start[s]);
+    if (m->due == 0)
+        fz_relearn(m);
+    m->due--;
+    m->freq[s] += m->step;
+    fz_push(w);
+}
+
+/* index of the highest set bit of d > 0 */
+static inline unsigned fz_top_bit(uint64_t d)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return 63u - (unsigned)__builtin_clzll(d);
+#else
+    unsigned k = 0;
+    while (d >>= 1)
+        k++;
+    return k;
+#endif
+}
+
+/* One field of nx * ny * nz values of type T from in (x fastest), the mirror of FZ_FIELD: the
+ * same prediction from the same neighbours (the values as the decoder will rebuild them, i.e.
+ * with a lossy precision's low bits cut), the value and prediction mapped to `bits`-bit
+ * integers, and their difference coded. Returns 0, or -1 when the output could not grow. */
+#define FZ_ENCODE_FIELD(NAME, T, U, WIDTH)                                                       \
+    static int NAME(fz_writer *w, fz_model *m, const T *in, T *plane, size_t nx, size_t ny,    \
+                    size_t nz, unsigned bits)                                                   \
+    {                                                                                           \
+        const unsigned cut = WIDTH - bits;                                                      \
+        const int wide = bits > 8;                                                              \
+        const unsigned bias = wide ? bits : (1u << bits) - 1;                                   \
+        const size_t row = nx + 1, area = row * (ny + 1);                                       \
+        T *prev = plane, *cur = plane + area;                                                   \
+        size_t x, y, z;                                                                         \
+        fz_model_init(m, wide ? 2 * bits + 1 : 2 * (1u << bits) - 1, 0);                        \
+        for (z = 0; z < nz; z++) {                                                              \
+            T *swap = prev;                                                                     \
+            prev = cur;                                                                         \
+            cur = swap;                                                                         \
+            for (y = 0; y < ny; y++) {                                                          \
+                T *c0 = cur + (y + 1) * row;                                                    \
+                const T *c1 = cur + y * row, *p0 = prev + (y + 1) * row, *p1 = prev + y * row;  \
+                for (x = 0; x < nx; x++) {                                                      \
+                    T pred, v;                                                                  \
+                    U p, a, r;                                                                  \
+                    pred = (T)(c0[x] - p1[x + 1]);                                              \
+                    pred = (T)(pred + c1[x + 1]);                                               \
+                    pred = (T)(pred - p0[x]);                                                   \
+                    pred = (T)(pred + p0[x + 1]);                                               \
+                    pred = (T)(pred - c1[x]);                                                   \
+                    pred = (T)(pred + p1[x]);                                                   \
+                    memcpy(&p, &pred, sizeof p);                                                \
+                    memcpy(&a, in++, sizeof a);                                                 \
+                    /* both as monotonic `bits`-bit integers */                                 \
+                    p = (U)~p >> cut;                                                           \
+                    p ^= (U)((U)0 - (p >> (bits - 1))) >> (cut + 1);                            \
+                    r = (U)~a >> cut;                                                           \
+                    r ^= (U)((U)0 - (r >> (bits - 1))) >> (cut + 1);                            \
+                    if (!wide) {                                                                \
+                        fz_put_symbol(w, m, (unsigned)(bias + r - p));                          \
+                    } else if (p < r) {                                                         \
+                        const U d = r - p;                                                      \
+                        const unsigned k = fz_top_bit(d);                                       \
+                        fz_put_symbol(w, m, bias + 1 + k);                                      \
+                        fz_put_wide(w, (uint64_t)(d - ((U)1 << k)), k);                         \
+                    } else if (p > r) {                                                         \
+                        const U d = p - r;                                                      \
+                        const unsigned k = fz_top_bit(d);                                       \
+                        fz_put_symbol(w, m, bias - 1 - k);                                      \
+                        fz_put_wide(w, (uint64_t)(d - ((U)1 << k)), k);                         \
+                    } else {                                                                    \
+                        fz_put_symbol(w, m, bias);                                              \
+                    }                                                                           \
+                    /* the value the decoder rebuilds: the cut bits zero */                     \
+                    a = (U)((a >> cut) << cut);                                                 \
+                    memcpy(&v, &a, sizeof v);                                                   \
+                    c0[x + 1] = v;                                                              \
+                }                                                                               \
+                if (w->failed)                                                                  \
+                    return -1;                                                                  \
+            }                                                                                   \
+        }                                                                                       \
+        return 0;                                                                               \
+    }
+
+FZ_ENCODE_FIELD(fz_encode_f32, float, uint32_t, 32)
+FZ_ENCODE_FIELD(fz_encode_f64, double, uint64_t, 64)
+
+static void fz_write_header(fz_writer *w, const fz_header *h)
+{
+    static const unsigned char magic[4] = {'f', 'p', 'z', 0};
+    int i;
+    for (i = 0; i < 4; i++)
+        fz_put_uniform(w, magic[i], 8);
+    fz_put_uniform(w, 0x0110, 16); /* format version */
+    fz_put_uniform(w, 1, 8);       /* floating-point mode FAST */
+    fz_put_uniform(w, h->type, 1);
+    fz_put_uniform(w, h->prec, 7);
+    for (i = 0; i < 4; i++)
+        fz_put_wide(w, h->dim[i], 32);
+}
+
+/* Encode the array `in` (nx * ny * nz * nf values, x fastest) into w, from its header to its
+ * last byte. Runs without the GIL. Returns 0, or -2 when memory (or the limit) ran out. */
+static int fz_encode_stream(fz_writer *w, const fz_header *h, unsigned bits, const void *in)
+{
+    const size_t nx = h->dim[0], ny = h->dim[1], nz = h->dim[2], nf = h->dim[3];
+    const size_t size = h->type ? sizeof(double) : sizeof(float);
+    const size_t area = (nx + 1) * (ny + 1), field = nx * ny * nz;
+    fz_model *m;
+    void *plane;
+    size_t f;
+    int rc = 0;
+    w->low = 0;
+    w->range = 0xFFFFFFFFu;
+    fz_write_header(w, h);
+    if (w->failed)
+        return -2;
+    if (field == 0 || nf == 0) {
+        /* the package writes no values and does not finish the coder: what the header settled,
+         * then zeros up to 24 values' worth of bytes (its buffer's head); do the same */
+        const size_t pad = 24 * size;
+        while (w->len < pad && !w->failed)
+            if (w->len < w->cap || fz_grow(w))
+                w->buf[w->len++] = 0;
+        return w->failed ? -2 : 0;
+    }
+    if (area > SIZE_MAX / 2 / size)
+        return -2;
+    m = (fz_model *)malloc(sizeof *m);
+    plane = malloc(2 * area * size);
+    if (m == NULL || plane == NULL) {
+        free(m);
+        free(plane);
+        return -2;
+    }
+    for (f = 0; f < nf && rc == 0; f++) {
+        memset(plane, 0, 2 * area * size); /* all +0.0 */
+        if (h->type)
+            rc = fz_encode_f64(w, m, (const double *)in + f * field, (double *)plane, nx, ny, nz,
+                               bits);
+        else
+            rc = fz_encode_f32(w, m, (const float *)in + f * field, (float *)plane, nx, ny, nz,
+                               bits);
+    }
+    free(m);
+    free(plane);
+    if (rc == 0)
+        fz_emit(w, 4); /* the four bytes the decoder reads ahead */
+    return rc < 0 || w->failed ? -2 : 0;
 }
 
 /* ------------------------------------------------------------------ Python */
@@ -518,16 +762,112 @@ static PyObject *fpzip_decode(PyObject *self, PyObject *args)
     return PyLong_FromSize_t((size_t)(c.p - c.begin));
 }
 
+PyDoc_STRVAR(fpzip_encode_doc,
+"fpzip_encode(arr, precision=0) -> bytes\n\n"
+"The fpzip stream of `arr`, a Fortran-contiguous, native float32 or float64\n"
+"ndarray of 4 dimensions (x, y, z, field): fpzip's nx, ny, nz, nf are its\n"
+"shape, its memory is read x fastest -- the bytes fpzip.compress(arr,\n"
+"precision=precision, order='F') returns, where that call succeeds, and a\n"
+"correct stream where the package's buffer would overflow (data that does\n"
+"not compress). precision: 0 (all bits), or the bits kept per value:\n"
+"2..32 for float32, 4..64 and even for float64 (ValueError otherwise).\n"
+"The output grows as needed up to a bound set by the array's size\n"
+"(MemoryError if it cannot). Releases the GIL while encoding.");
+
+static PyObject *fpzip_encode(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"arr", "precision", NULL};
+    PyArrayObject *arr;
+    int precision = 0, i, rc;
+    fz_header h;
+    fz_writer w;
+    unsigned bits;
+    size_t count = 1, esize;
+    PyObject *result;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|i:fpzip_encode", keywords, &PyArray_Type,
+                                     &arr, &precision))
+        return NULL;
+    if ((PyArray_TYPE(arr) != NPY_FLOAT32 && PyArray_TYPE(arr) != NPY_FLOAT64) ||
+        !PyArray_ISNOTSWAPPED(arr)) {
+        PyErr_SetString(PyExc_TypeError, "arr must have native float32 or float64 dtype");
+        return NULL;
+    }
+    if (PyArray_NDIM(arr) != 4 || !PyArray_IS_F_CONTIGUOUS(arr)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "arr must be a Fortran-contiguous 4-D array (x, y, z, field)");
+        return NULL;
+    }
+    memset(&h, 0, sizeof h);
+    h.type = PyArray_TYPE(arr) == NPY_FLOAT64;
+    esize = h.type ? sizeof(double) : sizeof(float);
+    if (precision < 0 || precision > 64) {
+        bits = 0;
+    } else {
+        h.prec = (unsigned)precision;
+        bits = fz_bits(&h);
+    }
+    if (bits == 0) {
+        PyErr_Format(PyExc_ValueError, "fpzip precision %d is not one it writes for %s (%s)",
+                     precision, h.type ? "float64" : "float32",
+                     h.type ? "0 or 4..64, even" : "0 or 2..32");
+        return NULL;
+    }
+    for (i = 0; i < 4; i++) {
+        npy_intp n = PyArray_DIM(arr, i);
+        if (n > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "dimension %d of arr (%zd) exceeds fpzip's 2**31 - 1",
+                         i, (Py_ssize_t)n);
+            return NULL;
+        }
+        h.dim[i] = (uint32_t)n;
+        count *= (size_t)n; /* the array exists: no overflow */
+    }
+    /* only what the decoders read back (fpzip's ring of plane values, indexed in 32 bits): the
+     * decoder's own condition */
+    if (h.dim[2] && h.dim[3] && (uint64_t)h.dim[0] + 1 + ((uint64_t)h.dim[0] + 1) *
+                                    ((uint64_t)h.dim[1] + 1) + 1 > ((uint64_t)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "arr's x-y planes exceed fpzip's 2**31 limit");
+        return NULL;
+    }
+    memset(&w, 0, sizeof w);
+    /* A value costs one symbol (at most 17 bits of the interval, its frequency being at least
+     * 1 in 2^16) and up to four 16-bit numbers, each settling at most a few bytes: 8 bytes per
+     * input byte is far beyond what any stream takes, and finite. */
+    w.limit = count > ((size_t)PY_SSIZE_T_MAX - 4096) / (8 * esize) ? (size_t)PY_SSIZE_T_MAX
+                                                                     : 4096 + count * 8 * esize;
+    w.cap = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* a first guess: half the input (smooth data takes less, noise a little more) */
+    w.buf = (unsigned char *)malloc(count * esize / 2 + 256);
+    if (w.buf != NULL)
+        w.cap = count * esize / 2 + 256;
+    rc = w.buf == NULL ? -2 : fz_encode_stream(&w, &h, bits, PyArray_DATA(arr));
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        free(w.buf);
+        if (w.len >= w.limit)
+            return PyErr_Format(PyExc_MemoryError, "the fpzip stream outgrew its bound of %zu "
+                                "bytes", w.limit);
+        return PyErr_NoMemory();
+    }
+    result = PyBytes_FromStringAndSize((const char *)w.buf, (Py_ssize_t)w.len);
+    free(w.buf);
+    return result;
+}
+
 static PyMethodDef fpzip_methods[] = {
     {"fpzip_decode", fpzip_decode, METH_VARARGS, fpzip_decode_doc},
     {"fpzip_header", fpzip_header, METH_O, fpzip_header_doc},
+    {"fpzip_encode", (PyCFunction)(void (*)(void))fpzip_encode, METH_VARARGS | METH_KEYWORDS,
+     fpzip_encode_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef fpzip_module = {
     PyModuleDef_HEAD_INIT,
     "_fpzip",
-    "The bounds-checked fpzip decoder of xarray_precomputed (GIL released).",
+    "The bounds-checked fpzip decoder and encoder of xarray_precomputed (GIL released).",
     -1,
     fpzip_methods,
     NULL, NULL, NULL, NULL,

@@ -1,5 +1,5 @@
 """`fpzip`: float32 images (any number of channels) compressed losslessly (or with
-`fpzip_precision` bits kept) by fpzip, encoded with the `fpzip` package (seung-lab's, the one
+`fpzip_precision` bits kept) by fpzip, in the format of the `fpzip` package (seung-lab's, the one
 CloudVolume uses). CloudVolume writes each chunk as one fpzip stream of the Fortran-ordered
 (x, y, z, channel) array: fpzip's nx, ny, nz, nf are x, y, z and the channels.
 
@@ -22,6 +22,20 @@ the chunk's shape does not bound. Where that extension is not built (or
 but none of those guarantees for a damaged one; chunk files stored compressed (`.gz`, `.zstd`:
 their checksums) and shards' gzip data encoding still catch storage damage before any decoder
 runs.
+
+Chunks are encoded by the same extension's encoder (`fpzip_encode`): byte for byte the stream
+`fpzip.compress(chunk, precision, order="F")` returns, but its output grows as the stream does.
+The package's compress cannot do that: on data that does not compress (noise, random bits) the
+stream outgrows the input, the package retries with a larger write limit but keeps its first
+buffer (the input's size plus 24 values), and a stream more than about 96 bytes (float32; 192,
+float64) longer than the input is written past that buffer -- heap corruption, the process
+aborts. It is the encoder only where the extension is not built, and there that is its limit.
+
+Resuming a write (`plausible`): with the extension, a stored object is plausible when it is a
+whole stream of this chunk -- its header has the chunk's dimensions, type and precision, and it
+decodes, read to exactly its last byte (the object is fetched whole; one larger than any stream
+of the chunk could be is refused unread). Without the extension nothing is plausible and resume
+rewrites every chunk.
 """
 
 from __future__ import annotations
@@ -33,11 +47,12 @@ from .._native import load
 from ..errors import CorruptChunkError
 
 __all__ = ["decode_into", "encode", "plausible", "read_header", "decode_array", "check_options",
-           "MAX_HEADER_BYTES"]
+           "MAX_HEADER_BYTES", "stream_bound", "whole_stream"]
 
 _M = 0xFFFFFFFF
 MAX_HEADER_BYTES = 64  # 216 header bits, plus what the range coder reads ahead
 
+# the extension (codecs/_fpzip.c): the decoder, and the encoder too; None where not built
 _decoder = load("xarray_precomputed.codecs._fpzip")
 
 
@@ -158,13 +173,53 @@ def check_options(fpzip_precision=0) -> dict:
 
 
 def encode(chunk: np.ndarray, fpzip_precision: int = 0) -> bytes:
-    # CloudVolume's call: the Fortran-ordered (x, y, z, channel) array, fpzip's dims in that order
+    """CloudVolume's call: the Fortran-ordered (x, y, z, channel) array, fpzip's dims in that
+    order -- written by our encoder where the extension is built, by the package otherwise (which
+    aborts the process on data that does not compress; see the module docstring)."""
+    arr = np.asarray(chunk)
+    if _decoder is not None and arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8) \
+            and arr.ndim <= 4:
+        arr = arr.reshape(arr.shape + (1,) * (4 - arr.ndim))  # as the package pads, order F
+        arr = np.asfortranarray(arr, dtype=arr.dtype.newbyteorder("="))
+        return _decoder.fpzip_encode(arr, int(fpzip_precision))
     return bytes(_fpzip.compress(np.asfortranarray(chunk), precision=int(fpzip_precision),
                                  order="F"))
 
 
+def stream_bound(dims, dtype) -> int:
+    """More bytes than any fpzip stream of an array of these dims and type takes (the bound our
+    encoder grows its output to: 8 bytes per input byte, plus the header)."""
+    return 4096 + 8 * int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def whole_stream(fetch, size, *, dims, dtype, precision: int) -> bool:
+    """Whether the object of `size` bytes is one whole fpzip stream of an array of `dims` and
+    `dtype` at `precision`: its header says so and our decoder reads it to exactly its last
+    byte. False without the extension (nothing else can tell a truncated stream)."""
+    if _decoder is None or size > stream_bound(dims, dtype):
+        return False
+    parts = fetch([(0, size)])
+    if not parts or len(parts[0]) != size:
+        return False
+    data = parts[0]
+    try:
+        found, stored_precision, shape = read_header(data)
+    except ValueError:
+        return False
+    want = np.dtype(dtype)
+    if (shape != tuple(dims) or want.kind != "f" or found != want.newbyteorder("<")
+            or stored_precision != int(precision)):
+        return False
+    scratch = np.empty(shape, found.newbyteorder("="), order="F")
+    try:
+        return _decoder.fpzip_decode(data, scratch) == size
+    except ValueError:
+        return False
+
+
 def plausible(fetch, size, *, chunk_shape, dtype, num_channels, fpzip_precision: int = 0) -> bool:
-    """Never: an fpzip stream has no length field and no end marker, so a truncated one cannot be
-    told from a whole one without decoding all of it. The writer's resume rewrites every fpzip
-    chunk."""
-    return False
+    """A whole fpzip stream of this chunk at `fpzip_precision`, decoded to its last byte (the
+    object is read whole): an fpzip stream has no length field and no end marker, so nothing
+    less tells a truncated one. Never without the extension: resume then rewrites every chunk."""
+    return whole_stream(fetch, size, dims=(*chunk_shape, num_channels), dtype=dtype,
+                        precision=fpzip_precision)

@@ -5,15 +5,15 @@ Reading subtracts 2 again in the volume's data type, as CloudVolume does, so the
 same bit for bit.
 
 The stream is checked and decoded by the fpzip codec (its header before any allocation, its
-values by the bounds-checked decoder, or by the package where that is not built); see
-`codecs.fpzip`.
+values by the bounds-checked decoder, or by the package where that is not built), and written by
+it (our encoder, or the package where that is not built); see `codecs.fpzip`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .fpzip import decode_array
+from .fpzip import decode_array, whole_stream
 from .fpzip import encode as _fpzip_encode
 
 __all__ = ["decode_into", "encode", "plausible"]
@@ -37,5 +37,7 @@ def encode(chunk: np.ndarray) -> bytes:
 
 
 def plausible(fetch, size, *, chunk_shape, dtype, num_channels) -> bool:
-    """Never, as for fpzip (no length field, no end marker): resume rewrites every chunk."""
-    return False
+    """A whole lossless fpzip stream of the (x, y, channel, z) array, decoded to its last byte,
+    as for fpzip (no length field, no end marker); never without the extension."""
+    x, y, z = chunk_shape
+    return whole_stream(fetch, size, dims=(x, y, num_channels, z), dtype=dtype, precision=0)

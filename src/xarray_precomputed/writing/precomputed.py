@@ -10,8 +10,9 @@ How a scale is written:
   computed another way). Dims are found by name (``x``, ``y``, ``z`` and an optional ``channel``)
   in any order.
 - **Chunks -> bytes** by encoding (raw, compressed_segmentation with our vectorised encoder, jpeg
-  with simplejpeg, png with imagecodecs; crackle, fpzip, kempressed and zfpc with the packages
-  CloudVolume writes them with); edge chunks are stored truncated.
+  with simplejpeg, png with imagecodecs; crackle and zfpc with the packages CloudVolume writes
+  them with; fpzip and kempressed with our fpzip encoder, the fpzip package's bytes exactly, or
+  the package itself where that extension is not built); edge chunks are stored truncated.
 - **Shards are built whole** (never read-modify-written): chunks are grouped by shard, the
   minishard indices list their chunks sorted by id (ids and offsets delta-coded), then the shard
   index; one shard is one task (a dask task when the data is dask-backed, else a thread-pool
