@@ -18,8 +18,8 @@ Tables:
    over chunks) and CloudVolume's (`cv[cv.bounds]`, `parallel=1`: its own thread pool fetches,
    decoding in the calling thread). MB/s of decoded output and the ratio ours / CloudVolume.
 2. One chunk, one thread, best of N: the package's own decode call (what CloudVolume calls) and
-   our `decode_into` (its checks plus the same call plus the copy into the caller's array): the
-   cost of the checks.
+   our `decode_into` into a C-ordered array (header checks, then our C decoders for crackle and
+   fpzip/kempressed, the zfpc package's for zfpc, and the copy into the caller's array).
 3. Crackle random access, one chunk: a z range of 1 and of 8 slices of 64 decoded alone
    (`decode_into` with that origin) against decoding the whole chunk; the chunk's label set
    (`codecs.crackle.labels_of`) against `np.unique` of the decoded chunk.
