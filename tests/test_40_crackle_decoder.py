@@ -146,6 +146,24 @@ def test_a_slice_larger_than_any_chunk_is_refused_before_allocating():
         _crackle.decode(bytes(stream), np.zeros((1, 1, 1), np.uint8), (0, 0, 0))
 
 
+def test_a_slice_longer_than_its_size_allows_is_refused_before_allocating():
+    """Decoding's scratch is sized from the slice's shape: a z index claiming more crack code
+    bytes than any slice of that shape holds (a few bytes per pixel corner) is refused."""
+    shape = (4, 4, 1)
+    v0 = to_version_0(bytes(crackle.compress(volume(shape, "uint8", "noise"))))
+    longest = 16 + 8 * 5 + 16 * 5 * 5
+    length = int.from_bytes(v0[24:28], "little")
+    for extra, refused in ((longest - length, False), (longest - length + 1, True)):
+        padded = bytearray(v0 + bytes(extra))  # trailing bytes of the only slice's codes
+        padded[24:28] = (length + extra).to_bytes(4, "little")
+        if refused:
+            with pytest.raises(ValueError, match="more than any slice of its size holds"):
+                decode(bytes(padded), shape, "uint8")
+        else:  # bytes after the last chain are not read: the same labels
+            np.testing.assert_array_equal(decode(bytes(padded), shape, "uint8"),
+                                          decode(v0, shape, "uint8"))
+
+
 def test_damaged_crack_codes_through_the_codec_name_the_chunk():
     data = volume((16, 16, 8), "uint64", "blobs", seed=5)
     stream = bytearray(crackle.compress(data))

@@ -129,7 +129,7 @@ typedef struct {
 
 static int parse(const unsigned char *b, uint64_t n, crk_stream *s, crk_err *e)
 {
-    uint64_t fmt, fixed, codes_at, total, z, log_grid, gsize, grids;
+    uint64_t fmt, fixed, codes_at, total, z, log_grid, gsize, grids, slice_max;
     memset(s, 0, sizeof(*s));
     if (n < 24 || memcmp(b, "crkl", 4) != 0)
         return fail(e, "not a crackle stream (%lld bytes)%.0lld", (long long)n, 0);
@@ -186,9 +186,18 @@ static int parse(const unsigned char *b, uint64_t n, crk_stream *s, crk_err *e)
     s->index = b + s->header_bytes;
     if (s->version && crc32c_bytes(s->index, 4 * s->sz) != (uint32_t)rd(s->index + 4 * s->sz, 4))
         return fail(e, "the z index fails its CRC-32C%.0lld%.0lld", 0, 0);
+    /* A slice's crack codes: its chain index (<= 4-byte fields: a row header per row, a start
+     * per corner) and its moves -- each crack edge crossed once, two more per branch point and
+     * per end, at most 3 bits each -- fit in 16 + 8 (sy + 1) + 16 (sx + 1)(sy + 1) bytes, with
+     * room to spare; the scratch decoding takes is sized from this, not from the stream. */
+    slice_max = 16 + 8 * (s->sy + 1) + 16 * (s->sx + 1) * (s->sy + 1);
     total = codes_at;
     for (z = 0; z < s->sz; z++) {
-        total += rd(s->index + 4 * z, 4);
+        const uint64_t len = rd(s->index + 4 * z, 4);
+        if (len > slice_max)
+            return fail(e, "z slice %lld: %lld bytes of crack codes, more than any slice of its "
+                        "size holds", (long long)z, (long long)len);
+        total += len;
         if (total > n)
             break;
     }
@@ -217,10 +226,10 @@ typedef struct {
     uint32_t *cc;      /* sxy: component of each pixel */
     uint32_t *parent;  /* sxy + 2: provisional label equivalences */
     uint32_t *renum;   /* sxy + 2 */
-    uint8_t *points;   /* a slice's moves: <= 4 per coded byte, <= 8 + 1 Markov-coded */
-    uint8_t *moves;    /* one chain's symbols: <= moves */
-    uint64_t *stack;   /* branch points: <= symbols */
-    uint64_t cap;      /* of points, moves and stack */
+    uint8_t *moves;    /* one chain's symbols: <= 4 moves per coded byte, 8 + 1 Markov-coded */
+    uint64_t cap;      /* of moves */
+    uint64_t *stack;   /* branch points of a chain: a valid one has fewer than its corners */
+    uint64_t stack_cap;
     uint8_t *model;    /* Markov model: per context, its 4 moves by rank (2 bits each) */
 } crk_scratch;
 
@@ -285,7 +294,10 @@ static int walk(const crk_stream *s, crk_scratch *w, uint64_t node, uint64_t nsy
             loc++;
             break;
         case BRANCH:
-            w->stack[top++] = loc;  /* top <= i < cap */
+            if (top == w->stack_cap)
+                return fail(e, "z slice %lld: more branch points than the slice has corners "
+                            "(%lld)", (long long)z, (long long)corners);
+            w->stack[top++] = loc;
             break;
         default: /* TERM: back to the last branch point */
             if (top) {
@@ -299,59 +311,79 @@ static int walk(const crk_stream *s, crk_scratch *w, uint64_t node, uint64_t nsy
     return 0;
 }
 
-/* Plain crack codes: four 2-bit moves per byte, low bits first, each the difference (mod 4)
- * from the move before. */
-static uint64_t plain_points(crk_scratch *w, const unsigned char *c, uint64_t len)
+/* The moves of a slice's crack codes, one at a time (nothing buffered).
+ * Plain: four 2-bit moves per byte, low bits first, each the difference (mod 4) from the move
+ * before. Markov-coded: the first move in the low 2 bits; then each difference is coded by its
+ * rank among the four in the model's row for the differences before it (rank 0: bit 0; 1: bits
+ * 01; 2: 011; 3: 111, read low bits first); a byte is read to its end, so the last one's padding
+ * decodes to moves too (chains they would start are dropped as incomplete). */
+typedef struct {
+    const unsigned char *c;
+    uint64_t len, i, row;
+    unsigned j, pos, move, started;
+    int markov, shift;
+    const uint8_t *model;
+} crk_moves;
+
+static void moves_start(crk_moves *m, const crk_stream *s, const crk_scratch *w,
+                        const unsigned char *c, uint64_t len)
 {
-    uint64_t i, k = 0;
-    unsigned last = 0;
-    int j;
-    for (i = 0; i < len; i++)
-        for (j = 0; j < 4; j++) {
-            last = (last + ((unsigned)c[i] >> (2 * j))) & 3;
-            w->points[k++] = (uint8_t)last;
-        }
-    return k;
+    memset(m, 0, sizeof(*m));
+    m->c = c;
+    m->len = len;
+    m->markov = s->markov;
+    m->shift = s->markov ? 2 * (s->markov - 1) : 0;
+    m->model = w->model;
+    m->pos = 2;
 }
 
-/* Markov-coded crack codes: the first move in the low 2 bits; then each difference is coded by
- * its rank among the four in the model's row for the moves before it (rank 0: bit 0; 1: bits
- * 01; 2: 011; 3: 111, read low bits first); a byte is read to its end, so the last one's
- * padding decodes to moves too (chains they would start are dropped as incomplete). */
-static uint64_t markov_points(const crk_stream *s, crk_scratch *w, const unsigned char *c,
-                              uint64_t len)
+/* the next move (0 up, 1 right, 2 down, 3 left), or -1 after the last */
+static int moves_next(crk_moves *m)
 {
-    const int shift = 2 * (s->markov - 1);
-    uint64_t i, k = 0, row;
-    unsigned pos = 2, first;
-    if (len == 0)
-        return 0;
-    first = c[0] & 3;
-    w->points[k++] = (uint8_t)first;
-    row = (uint64_t)first << shift;
-    for (i = 0; i < len; i++) {
-        unsigned window = c[i] | (i + 1 < len ? (unsigned)c[i + 1] << 8 : 0u);
-        while (pos < 8) {
-            unsigned bits = (window >> pos) & 7, rank, move;
+    if (!m->markov) {
+        if (m->i >= m->len)
+            return -1;
+        m->move = (m->move + ((unsigned)m->c[m->i] >> (2 * m->j))) & 3;
+        if (++m->j == 4) {
+            m->j = 0;
+            m->i++;
+        }
+        return (int)m->move;
+    }
+    if (!m->started) {
+        if (m->len == 0)
+            return -1;
+        m->started = 1;
+        m->move = m->c[0] & 3;
+        m->row = (uint64_t)m->move << m->shift;
+        return (int)m->move;
+    }
+    for (;;) {
+        if (m->i >= m->len)
+            return -1;
+        if (m->pos < 8) {
+            const unsigned window = m->c[m->i] |
+                                    (m->i + 1 < m->len ? (unsigned)m->c[m->i + 1] << 8 : 0u);
+            const unsigned bits = (window >> m->pos) & 7;
+            unsigned rank, diff;
             if (!(bits & 1)) {
                 rank = 0;
-                pos += 1;
+                m->pos += 1;
             } else if (!(bits & 2)) {
                 rank = 1;
-                pos += 2;
+                m->pos += 2;
             } else {
                 rank = (bits & 4) ? 3 : 2;
-                pos += 3;
+                m->pos += 3;
             }
-            move = (w->model[row] >> (2 * rank)) & 3;
-            w->points[k++] = (uint8_t)move;  /* k <= 1 + 8 * len < cap */
-            row = (row >> 2) | ((uint64_t)move << shift);
+            diff = (m->model[m->row] >> (2 * rank)) & 3;  /* row < 4**order: the model's rows */
+            m->row = (m->row >> 2) | ((uint64_t)diff << m->shift);
+            m->move = (m->move + diff) & 3;
+            return (int)m->move;
         }
-        pos -= 8;
+        m->pos -= 8;
+        m->i++;
     }
-    for (i = 1; i < k; i++)  /* differences -> moves */
-        w->points[i] = (uint8_t)((w->points[i] + w->points[i - 1]) & 3);
-    return k;
 }
 
 /* The slice's crack codes -> its edge bits (chains that the codes end inside are dropped, as
@@ -361,8 +393,10 @@ static int crack_codes(const crk_stream *s, crk_scratch *w, const unsigned char 
 {
     const int xw = byte_width(s->sx + 1), yw = byte_width(s->sy + 1);
     uint64_t size, pos, end, rows, r, y = 0, nodes_at, nodes = 0, node_i = 0;
-    uint64_t nsym = 0, node = 0, branches = 0, i, npoints;
+    uint64_t nsym = 0, node = 0, branches = 0;
     unsigned last_move = NONE;
+    crk_moves mv;
+    int next;
 
     memset(w->edges, s->permissible ? 0 : 0x0F, s->sxy);
     if (len == 0)
@@ -408,15 +442,14 @@ static int crack_codes(const crk_stream *s, crk_scratch *w, const unsigned char 
         return fail(e, "z slice %lld: the chain index parses to %lld bytes", (long long)z,
                     (long long)(pos - 4));
 
-    npoints = s->markov ? markov_points(s, w, c + end, len - end)
-                        : plain_points(w, c + end, len - end);
+    moves_start(&mv, s, w, c + end, len - end);
 
     /* second pass: the moves, chain by chain, each chain's start read from the index as it
      * begins (all inside the index, whose layout the first pass checked) */
     {
         uint64_t rpos = nodes_at, rx = 0, left_in_row = 0, ry = 0;
-        for (i = 0; i < npoints; i++) {
-            unsigned move = w->points[i];
+        while ((next = moves_next(&mv)) >= 0) {
+            unsigned move = (unsigned)next;
             if (branches == 0) {
                 if (node_i >= nodes)
                     return 0;
@@ -436,7 +469,7 @@ static int crack_codes(const crk_stream *s, crk_scratch *w, const unsigned char 
                 nsym = 0;
             }
             if ((move ^ last_move) != 2) {
-                w->moves[nsym++] = (uint8_t)move;  /* nsym <= npoints <= cap */
+                w->moves[nsym++] = (uint8_t)move;  /* nsym <= moves coded <= cap */
                 last_move = move;
                 continue;
             }
@@ -546,16 +579,17 @@ static int scratch_alloc(const crk_stream *s, crk_scratch *w, crk_err *e)
         uint64_t len = rd(s->index + 4 * z, 4);
         most = len > most ? len : most;
     }
-    w->cap = 8 * most + 2;  /* most <= n, which the stream's bytes hold */
+    w->cap = 8 * most + 2;  /* most is bounded by the slice's size (parse) */
+    w->stack_cap = 4 * (s->sx + 1) * (s->sy + 1);
+    if (w->stack_cap > w->cap)
+        w->stack_cap = w->cap;
     w->edges = malloc(s->sxy + 1);
-    w->points = malloc(w->cap);
     w->cc = malloc(4 * (s->sxy + 1));
     w->parent = malloc(4 * (s->sxy + 2));
     w->renum = malloc(4 * (s->sxy + 2));
     w->moves = malloc(w->cap);
-    w->stack = malloc(8 * w->cap);
-    if (!w->edges || !w->cc || !w->parent || !w->renum || !w->points || !w->moves ||
-        !w->stack) {
+    w->stack = malloc(8 * w->stack_cap);
+    if (!w->edges || !w->cc || !w->parent || !w->renum || !w->moves || !w->stack) {
         e->nomem = 1;
         return -1;
     }
@@ -587,7 +621,6 @@ static void scratch_free(crk_scratch *w)
     free(w->cc);
     free(w->parent);
     free(w->renum);
-    free(w->points);
     free(w->moves);
     free(w->stack);
     free(w->model);
