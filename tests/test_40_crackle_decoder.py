@@ -2,7 +2,7 @@
 
 crackle-codec writes every stream here (flat labels and pins; plain and Markov-coded crack
 codes; label widths 8-64 bits stored narrower where they fit; odd shapes, one-pixel slices,
-noise, blobs, stripes), and ours must decode each to the same labels as crackle-codec's decoder
+noise, blobs, stripes; the real FIB-25 segmentation), and ours must decode each to the same labels as crackle-codec's decoder
 and the input, whole and in sub-boxes. Version 0 streams (no checksums) are made by rewriting a
 version 1 stream's header and dropping its checksums, and signed labels by setting the header's
 signed bit (crackle-codec 0.55 writes neither); crackle-codec reads both and is the reference.
@@ -111,6 +111,18 @@ def test_decodes_what_crackle_codec_writes(shape, dtype):
                     part, data[o[0]:o[0] + n[0], o[1]:o[1] + n[1], o[2]:o[2] + n[2]])
     if min(shape[:2]) > 1:  # both label formats and both crack codings were exercised
         assert {(0, False), (2, False), (0, True), (2, True)} <= formats, formats
+
+
+@pytest.mark.parametrize("pins,markov", CODINGS)
+def test_real_segmentation(pins, markov):
+    """The FIB-25 ground-truth cube (64^3 uint64, real neuron labels) in every coding, and its
+    C-ordered copy (crackle-codec then writes the other memory order's flag)."""
+    from xarray_precomputed import sample_data
+    labels = sample_data("segmentation")
+    for data in (np.asfortranarray(labels), np.ascontiguousarray(labels)):
+        stream = bytes(crackle.compress(data, allow_pins=pins, markov_model_order=markov))
+        np.testing.assert_array_equal(decode(stream, labels.shape, "uint64"), labels)
+        np.testing.assert_array_equal(decode(stream, labels.shape, "uint64", order="F"), labels)
 
 
 @pytest.mark.parametrize("pins,markov", CODINGS)
