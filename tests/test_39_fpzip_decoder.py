@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fpzip_arrays import SHAPES, data, smooth, special_value_arrays
 
 from xarray_precomputed import _native
 from xarray_precomputed.codecs import fpzip as fpzip_codec
@@ -54,30 +55,6 @@ def _assert_same(a: np.ndarray, precision: int) -> None:
     assert np.array_equal(_bits(got), _bits(ref)), (a.shape, a.dtype, precision)
 
 
-def _smooth(shape, dtype) -> np.ndarray:
-    x, y, z, f = (np.arange(n, dtype=np.float64) for n in shape)
-    g = (np.sin(x / 9.0)[:, None, None, None] * 40 + np.cos(y / 5.0)[None, :, None, None] * 7
-         + (z / 3.0)[None, None, :, None] + f[None, None, None, :] * 100)
-    return g.astype(dtype)
-
-
-def _data(kind: str, shape, dtype, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "random":
-        return (rng.standard_normal(shape) * 1e3).astype(dtype)
-    if kind == "noise bits":  # any bit pattern, NaNs and infinities among them, at one value
-        # in eight (the package's compress overflows its buffer on data that does not compress)
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        noise = np.frombuffer(rng.bytes(n), dtype).reshape(shape)
-        return np.where(rng.random(shape) < 0.125, noise, _smooth(shape, dtype))
-    if kind == "smooth":
-        return _smooth(shape, dtype)
-    if kind == "gradient":
-        return (np.indices(shape).sum(axis=0) * 0.25).astype(dtype)
-    return np.full(shape, -3.75, dtype)  # constant
-
-
-SHAPES = [(1, 1, 1, 1), (13, 11, 6, 1), (7, 5, 3, 3), (16, 16, 3, 8), (1, 40, 1, 2), (33, 1, 9, 1)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -85,14 +62,14 @@ SHAPES = [(1, 1, 1, 1), (13, 11, 6, 1), (7, 5, 3, 3), (16, 16, 3, 8), (1, 40, 1,
 def test_equals_the_package_bit_for_bit(dtype, kind):
     precisions = FLOAT_PRECISIONS if dtype == "float32" else DOUBLE_PRECISIONS
     for i, shape in enumerate(SHAPES):
-        a = _data(kind, shape, dtype, seed=i)
+        a = data(kind, shape, dtype, seed=i)
         for p in precisions:
             _assert_same(a, p)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_64_cube_equals_the_package(dtype):
-    a = _smooth((64, 64, 64, 1), dtype)
+    a = smooth((64, 64, 64, 1), dtype)
     a[::7, ::5, ::3] += np.random.default_rng(1).standard_normal(a[::7, ::5, ::3].shape).astype(
         dtype)
     for p in [0, 12] if dtype == "float32" else [0, 30]:
@@ -104,27 +81,9 @@ def test_special_values_equal_the_package(dtype):
     """NaNs (quiet, signalling, with payloads, both signs), infinities, -0.0, denormals, the
     extremes, mixed among ordinary values and with each other: they enter the predictor, whose
     arithmetic on them must be the package's."""
-    fi = np.finfo(dtype)
-    u = f"u{np.dtype(dtype).itemsize}"
-    odd = ([0x7FA00001, 0xFFC00123, 0x7F800001] if dtype == "float32"
-           else [0x7FF4000000000001, 0xFFF8000000000123, 0x7FF0000000000001])
-    specials = np.concatenate([
-        np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, fi.smallest_subnormal,
-                  -fi.smallest_subnormal * 3, fi.tiny / 2, fi.max, -fi.max, fi.tiny, 1.0],
-                 dtype=dtype),
-        np.array(odd, dtype=u).view(dtype)])
-    rng = np.random.default_rng(2)
-    precisions = [0, 5, 20, 32] if dtype == "float32" else [0, 6, 40, 64]
-    for _ in range(40):
-        shape = tuple(int(n) for n in rng.integers(1, 9, 4))
-        picks = rng.choice(specials, size=shape)
-        a = np.where(rng.random(shape) < rng.random(), picks,
-                     rng.standard_normal(shape).astype(dtype)).astype(dtype)
+    for a, precisions in special_value_arrays(dtype):
         for p in precisions:
             _assert_same(a, p)
-    # an all-special array and an array of denormals
-    _assert_same(np.resize(specials, (5, 4, 3, 2)), 0)
-    _assert_same(np.arange(1, 601, dtype=u).view(dtype).reshape(10, 6, 10, 1), 0)
 
 
 def test_kempressed_like_chunks_equal_the_package():
@@ -132,9 +91,9 @@ def test_kempressed_like_chunks_equal_the_package():
     through the codec: the same as decoding with the package and subtracting 2."""
     rng = np.random.default_rng(3)
     for shape in [(64, 64, 64, 3), (13, 11, 6, 3), (16, 16, 8, 1)]:
-        data = (_smooth(shape, "float32") * 1e-3 + rng.random(shape, dtype=np.float32)
+        values = (smooth(shape, "float32") * 1e-3 + rng.random(shape, dtype=np.float32)
                 ).astype(np.float32)
-        stored = kempressed.encode(data)
+        stored = kempressed.encode(values)
         ref = np.swapaxes(fpzip.decompress(stored, order="F"), 2, 3)
         ref = ref - np.float32(2)
         out = np.empty(shape, np.float32)
@@ -146,7 +105,7 @@ def test_kempressed_like_chunks_equal_the_package():
 
 def test_the_codec_uses_our_decoder_and_the_package_is_the_fallback(monkeypatch):
     assert fpzip_codec._decoder is _fpzip or _native.forced_pure()
-    a = np.asfortranarray(_smooth((13, 11, 6, 2), "float32"))
+    a = np.asfortranarray(smooth((13, 11, 6, 2), "float32"))
     stored = fpzip_codec.encode(a)
     got = fpzip_codec.decode_array(stored, dims=a.shape, dtype="float32", chunk="c")
     monkeypatch.setattr(fpzip_codec, "_decoder", None)
@@ -156,7 +115,7 @@ def test_the_codec_uses_our_decoder_and_the_package_is_the_fallback(monkeypatch)
 
 
 def test_what_follows_the_stream_is_not_read_and_out_is_checked():
-    a = np.asfortranarray(_data("random", (7, 5, 3, 2), "float32"))
+    a = np.asfortranarray(data("random", (7, 5, 3, 2), "float32"))
     buf = fpzip.compress(a, order="F")
     out = np.empty(a.shape, np.float32, order="F")
     assert _fpzip.fpzip_decode(buf + b"\xff" * 9, out) == len(buf)
@@ -189,7 +148,7 @@ def test_empty_arrays_decode():
 
 def test_threads_decode_at_once():
     """The GIL is released while decoding: threads decoding at once get the right values."""
-    a = np.asfortranarray(_smooth((48, 48, 16, 2), "float32"))
+    a = np.asfortranarray(smooth((48, 48, 16, 2), "float32"))
     buf = fpzip.compress(a, order="F")
     results, errors = [], []
 

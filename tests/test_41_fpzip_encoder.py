@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import pytest
 import xarray as xr
+from fpzip_arrays import SHAPES, data, smooth, special_value_arrays
 
 import xarray_precomputed as xp
 from xarray_precomputed.codecs import fpzip as fpzip_codec
@@ -28,7 +29,6 @@ _fpzip = importlib.import_module("xarray_precomputed.codecs._fpzip")  # the exte
 
 FLOAT_PRECISIONS = [0, *range(2, 33)]  # every precision the package writes
 DOUBLE_PRECISIONS = [0, *range(4, 65, 2)]
-SHAPES = [(1, 1, 1, 1), (13, 11, 6, 1), (7, 5, 3, 3), (16, 16, 3, 8), (1, 40, 1, 2), (33, 1, 9, 1)]
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -51,29 +51,6 @@ def _assert_same(a: np.ndarray, precision: int) -> bytes:
     return got
 
 
-def _smooth(shape, dtype) -> np.ndarray:
-    x, y, z, f = (np.arange(n, dtype=np.float64) for n in shape)
-    g = (np.sin(x / 9.0)[:, None, None, None] * 40 + np.cos(y / 5.0)[None, :, None, None] * 7
-         + (z / 3.0)[None, None, :, None] + f[None, None, None, :] * 100)
-    return np.asfortranarray(g.astype(dtype))
-
-
-def _data(kind: str, shape, dtype, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "random":
-        return np.asfortranarray((rng.standard_normal(shape) * 1e3).astype(dtype))
-    if kind == "noise bits":  # any bit pattern at one value in eight (the package copes)
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        noise = np.frombuffer(rng.bytes(n), dtype).reshape(shape)
-        return np.asfortranarray(np.where(rng.random(shape) < 0.125, noise,
-                                          _smooth(shape, dtype)))
-    if kind == "smooth":
-        return _smooth(shape, dtype)
-    if kind == "gradient":
-        return np.asfortranarray((np.indices(shape).sum(axis=0) * 0.25).astype(dtype))
-    return np.full(shape, -3.75, dtype, order="F")  # constant
-
-
 def _random_bits(shape, dtype, seed: int = 0) -> np.ndarray:
     n = int(np.prod(shape)) * np.dtype(dtype).itemsize
     raw = np.random.default_rng(seed).bytes(n)
@@ -87,10 +64,10 @@ def _random_bits(shape, dtype, seed: int = 0) -> np.ndarray:
 def test_equals_the_package_byte_for_byte(dtype, kind):
     precisions = FLOAT_PRECISIONS if dtype == "float32" else DOUBLE_PRECISIONS
     for i, shape in enumerate(SHAPES):
-        a = _data(kind, shape, dtype, seed=i)
+        a = data(kind, shape, dtype, seed=i)
         for p in precisions[::3] if i else precisions:
             _assert_same(a, p)
-    a = _data(kind, (9, 7, 5, 2), dtype, seed=9)  # every precision on one array
+    a = data(kind, (9, 7, 5, 2), dtype, seed=9)  # every precision on one array
     for p in precisions:
         _assert_same(a, p)
 
@@ -103,13 +80,13 @@ def test_random_arrays_equal_the_package():
         dtype = ("float32", "float64")[i % 2]
         shape = tuple(int(n) for n in rng.integers(1, 13, 4))
         precisions = FLOAT_PRECISIONS if dtype == "float32" else DOUBLE_PRECISIONS
-        a = _data(kinds[int(rng.integers(0, 5))], shape, dtype, seed=i)
+        a = data(kinds[int(rng.integers(0, 5))], shape, dtype, seed=i)
         _assert_same(a, int(rng.choice(precisions)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_64_cube_equals_the_package(dtype):
-    a = _smooth((64, 64, 64, 1), dtype)
+    a = smooth((64, 64, 64, 1), dtype)
     a[::7, ::5, ::3] += np.random.default_rng(1).standard_normal(a[::7, ::5, ::3].shape).astype(
         dtype)
     for p in [0, 12] if dtype == "float32" else [0, 30]:
@@ -121,26 +98,9 @@ def test_special_values_equal_the_package(dtype):
     """NaNs (quiet, signalling, with payloads, both signs), infinities, -0.0, denormals and the
     extremes, mixed among ordinary values: they enter the predictor, whose arithmetic on them
     must be the package's."""
-    fi = np.finfo(dtype)
-    u = f"u{np.dtype(dtype).itemsize}"
-    odd = ([0x7FA00001, 0xFFC00123, 0x7F800001] if dtype == "float32"
-           else [0x7FF4000000000001, 0xFFF8000000000123, 0x7FF0000000000001])
-    specials = np.concatenate([
-        np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, fi.smallest_subnormal,
-                  -fi.smallest_subnormal * 3, fi.tiny / 2, fi.max, -fi.max, fi.tiny, 1.0],
-                 dtype=dtype),
-        np.array(odd, dtype=u).view(dtype)])
-    rng = np.random.default_rng(2)
-    precisions = [0, 5, 20, 32] if dtype == "float32" else [0, 6, 40, 64]
-    for _ in range(40):
-        shape = tuple(int(n) for n in rng.integers(1, 9, 4))
-        picks = rng.choice(specials, size=shape)
-        a = np.where(rng.random(shape) < rng.random(), picks,
-                     rng.standard_normal(shape).astype(dtype)).astype(dtype)
+    for a, precisions in special_value_arrays(dtype):
         for p in precisions:
             _assert_same(a, p)
-    _assert_same(np.resize(specials, (5, 4, 3, 2)), 0)
-    _assert_same(np.arange(1, 601, dtype=u).view(dtype).reshape(10, 6, 10, 1), 0)
 
 
 def test_kempressed_like_chunks_equal_the_package():
@@ -207,7 +167,7 @@ def test_the_reported_crash_input_encodes():
 # ------------------------------------------------------------ arguments
 
 def test_arguments_are_checked():
-    a = _smooth((4, 3, 2, 1), "float32")
+    a = smooth((4, 3, 2, 1), "float32")
     with pytest.raises(TypeError, match="float32 or float64"):
         _fpzip.fpzip_encode(a.astype(np.int32), 0)
     with pytest.raises(TypeError, match="float32 or float64"):
@@ -241,7 +201,7 @@ def test_arguments_are_checked():
 
 def test_threads_encode_at_once():
     """The GIL is released while encoding: threads encoding at once get the same bytes."""
-    a = _smooth((48, 48, 16, 2), "float32")
+    a = smooth((48, 48, 16, 2), "float32")
     want = fpzip.compress(a, order="F")
     results, errors = [], []
 
@@ -264,7 +224,7 @@ def test_threads_encode_at_once():
 
 def test_the_codec_encodes_with_ours_and_the_package_is_the_fallback(monkeypatch):
     assert fpzip_codec._decoder is _fpzip
-    a = _smooth((13, 11, 6, 2), "float32")
+    a = smooth((13, 11, 6, 2), "float32")
     want = fpzip.compress(a, order="F")
     want_one = fpzip.compress(a[..., :1], order="F")
     want_lossy = fpzip.compress(a, precision=12, order="F")
@@ -325,7 +285,7 @@ def _plausible(encoding, blob, shape, nc, dtype="float32", size=None, **options)
 def test_plausible_only_for_a_whole_stream_of_the_chunk(kind):
     shape, nc = (13, 11, 6), 2
     a = (_random_bits((*shape, nc), "float32", seed=3) if kind == "random bits"
-         else _data(kind, (*shape, nc), "float32", seed=3))
+         else data(kind, (*shape, nc), "float32", seed=3))
     for precision in (0, 20):
         blob = get_codec("fpzip").encode(a, fpzip_precision=precision)
         assert _plausible("fpzip", blob, shape, nc, fpzip_precision=precision)
@@ -387,7 +347,7 @@ def test_kempressed_plausible():
 
 def test_plausible_refuses_unread_what_no_stream_of_the_chunk_could_be(monkeypatch):
     shape, nc = (8, 8, 4), 1
-    blob = get_codec("fpzip").encode(_smooth((*shape, nc), "float32"))
+    blob = get_codec("fpzip").encode(smooth((*shape, nc), "float32"))
     fetch = _Fetch(blob)
     huge = fpzip_codec.stream_bound((*shape, nc), "float32") + 1
     assert not get_codec("fpzip").plausible(fetch, huge, chunk_shape=shape, dtype="float32",
@@ -401,7 +361,7 @@ def test_plausible_refuses_unread_what_no_stream_of_the_chunk_could_be(monkeypat
                                             dtype="float32", num_channels=nc)
     assert fetch.calls == 0
     assert not _plausible("kempressed", get_codec("kempressed").encode(
-        _smooth((*shape, 3), "float32")), shape, 3)
+        smooth((*shape, 3), "float32")), shape, 3)
 
 
 def test_resume_keeps_whole_fpzip_chunks_and_rewrites_the_rest(tmp_path):

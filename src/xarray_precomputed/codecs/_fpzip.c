@@ -234,6 +234,26 @@ static inline unsigned fz_symbol(fz_coder *c, fz_model *m)
 
 /* ------------------------------------------------------------------ fields */
 
+/* What the decoder and the encoder must compute alike, defined once. The 3-D Lorenzo
+ * prediction of the value at x from its seven decoded neighbours (rows c0 and c1 of this plane,
+ * p0 and p1 of the previous one, each from x = -1), one rounded operation at a time in fpzip's
+ * order; and a value's bits (U) as a monotonic `bits`-bit integer, the low `cut` bits dropped. */
+#define FZ_PREDICT(T, pred, c0, c1, p0, p1, x)                                                   \
+    do {                                                                                        \
+        pred = (T)((c0)[x] - (p1)[(x) + 1]);                                                    \
+        pred = (T)(pred + (c1)[(x) + 1]);                                                       \
+        pred = (T)(pred - (p0)[x]);                                                             \
+        pred = (T)(pred + (p0)[(x) + 1]);                                                       \
+        pred = (T)(pred - (c1)[x]);                                                             \
+        pred = (T)(pred + (p1)[x]);                                                             \
+    } while (0)
+
+#define FZ_TO_MONOTONIC(U, u, cut, bits)                                                         \
+    do {                                                                                        \
+        u = (U)~(u) >> (cut);                                                                   \
+        u ^= (U)((U)0 - ((u) >> ((bits) - 1))) >> ((cut) + 1);                                  \
+    } while (0)
+
 /* One field of nx * ny * nz values of type T (bit pattern type U, `width` bits) at `bits` bits
  * of precision, into out (x fastest). plane: 2 * (nx + 1) * (ny + 1) zeroed values, the
  * previous and current z planes with a row and a column of zeros before them (the neighbours
@@ -262,12 +282,7 @@ static inline unsigned fz_symbol(fz_coder *c, fz_model *m)
                     T pred, v;                                                                  \
                     U u, r;                                                                     \
                     unsigned s;                                                                 \
-                    pred = (T)(c0[x] - p1[x + 1]);                                              \
-                    pred = (T)(pred + c1[x + 1]);                                               \
-                    pred = (T)(pred - p0[x]);                                                   \
-                    pred = (T)(pred + p0[x + 1]);                                               \
-                    pred = (T)(pred - c1[x]);                                                   \
-                    pred = (T)(pred + p1[x]);                                                   \
+                    FZ_PREDICT(T, pred, c0, c1, p0, p1, x);                                     \
                     memcpy(&u, &pred, sizeof u);                                                \
                     s = fz_symbol(c, m);                                                        \
                     if (c->err)                                                                 \
@@ -276,8 +291,7 @@ static inline unsigned fz_symbol(fz_coder *c, fz_model *m)
                         r = (u >> cut) << cut; /* exact: the prediction, cut */                \
                     } else {                                                                    \
                         /* the prediction as a monotonic `bits`-bit integer */                  \
-                        u = (U)~u >> cut;                                                       \
-                        u ^= (U)((U)0 - (u >> (bits - 1))) >> (cut + 1);                        \
+                        FZ_TO_MONOTONIC(U, u, cut, bits);                                       \
                         if (!wide) {                                                            \
                             r = (U)(u + s - bias);                                              \
                         } else {                                                                \
@@ -508,19 +522,13 @@ static inline unsigned fz_top_bit(uint64_t d)
                 for (x = 0; x < nx; x++) {                                                      \
                     T pred, v;                                                                  \
                     U p, a, r;                                                                  \
-                    pred = (T)(c0[x] - p1[x + 1]);                                              \
-                    pred = (T)(pred + c1[x + 1]);                                               \
-                    pred = (T)(pred - p0[x]);                                                   \
-                    pred = (T)(pred + p0[x + 1]);                                               \
-                    pred = (T)(pred - c1[x]);                                                   \
-                    pred = (T)(pred + p1[x]);                                                   \
+                    FZ_PREDICT(T, pred, c0, c1, p0, p1, x);                                     \
                     memcpy(&p, &pred, sizeof p);                                                \
                     memcpy(&a, in++, sizeof a);                                                 \
                     /* both as monotonic `bits`-bit integers */                                 \
-                    p = (U)~p >> cut;                                                           \
-                    p ^= (U)((U)0 - (p >> (bits - 1))) >> (cut + 1);                            \
-                    r = (U)~a >> cut;                                                           \
-                    r ^= (U)((U)0 - (r >> (bits - 1))) >> (cut + 1);                            \
+                    r = a;                                                                      \
+                    FZ_TO_MONOTONIC(U, p, cut, bits);                                           \
+                    FZ_TO_MONOTONIC(U, r, cut, bits);                                           \
                     if (!wide) {                                                                \
                         fz_put_symbol(w, m, (unsigned)(bias + r - p));                          \
                     } else if (p < r) {                                                         \
