@@ -616,7 +616,7 @@ def _fpzip_checked() -> bool:
     """Whether fpzip streams are decoded by our bounds-checked decoder (codecs/_fpzip.c), not by
     the package (the fallback where it is not built)."""
     from xarray_precomputed.codecs import fpzip as fpzip_codec
-    return fpzip_codec._decoder is not None
+    return fpzip_codec._C is not None
 
 
 def _crackle_checked() -> bool:

@@ -104,11 +104,11 @@ def test_kempressed_like_chunks_equal_the_package():
 
 
 def test_the_codec_uses_our_decoder_and_the_package_is_the_fallback(monkeypatch):
-    assert fpzip_codec._decoder is _fpzip or _native.forced_pure()
+    assert fpzip_codec._C is _fpzip or _native.forced_pure()
     a = np.asfortranarray(smooth((13, 11, 6, 2), "float32"))
     stored = fpzip_codec.encode(a)
     got = fpzip_codec.decode_array(stored, dims=a.shape, dtype="float32", chunk="c")
-    monkeypatch.setattr(fpzip_codec, "_decoder", None)
+    monkeypatch.setattr(fpzip_codec, "_C", None)
     fallback = fpzip_codec.decode_array(stored, dims=a.shape, dtype="float32", chunk="c")
     assert np.array_equal(_bits(got), _bits(a)) and np.array_equal(_bits(fallback), _bits(a))
     assert got.flags.f_contiguous and got.dtype == np.float32
@@ -269,7 +269,7 @@ FUZZ_CHILD = textwrap.dedent("""
     import fpzip
     from xarray_precomputed.codecs import fpzip as codec
     from xarray_precomputed.errors import CorruptChunkError
-    assert codec._decoder is not None, "the C decoder is not in use"
+    assert codec._C is not None, "the C decoder is not in use"
     n, seed = int(sys.argv[1]), int(sys.argv[2])
     rng = np.random.default_rng(seed)
     g = np.indices((13, 11, 6, 2)).sum(axis=0)

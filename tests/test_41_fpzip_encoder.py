@@ -223,7 +223,7 @@ def test_threads_encode_at_once():
 # ------------------------------------------------------------ the codec and the writer
 
 def test_the_codec_encodes_with_ours_and_the_package_is_the_fallback(monkeypatch):
-    assert fpzip_codec._decoder is _fpzip
+    assert fpzip_codec._C is _fpzip
     a = smooth((13, 11, 6, 2), "float32")
     want = fpzip.compress(a, order="F")
     want_one = fpzip.compress(a[..., :1], order="F")
@@ -242,7 +242,7 @@ def test_the_codec_encodes_with_ours_and_the_package_is_the_fallback(monkeypatch
         assert fpzip_codec.encode(a, fpzip_precision=12) == want_lossy
         data = np.moveaxis(a, 3, 2)  # (x, y, z, channel) chunk -> (x, y, channel, z) stream
         assert kempressed.encode(data) == want_kempressed
-    monkeypatch.setattr(fpzip_codec, "_decoder", None)
+    monkeypatch.setattr(fpzip_codec, "_C", None)
     assert fpzip_codec.encode(a) == want
 
 
@@ -355,7 +355,7 @@ def test_plausible_refuses_unread_what_no_stream_of_the_chunk_could_be(monkeypat
     assert fetch.calls == 0
     # without the extension nothing is plausible (nothing else can tell a truncated stream)
     assert _plausible("fpzip", blob, shape, nc)
-    monkeypatch.setattr(fpzip_codec, "_decoder", None)
+    monkeypatch.setattr(fpzip_codec, "_C", None)
     fetch = _Fetch(blob)
     assert not get_codec("fpzip").plausible(fetch, len(blob), chunk_shape=shape,
                                             dtype="float32", num_channels=nc)

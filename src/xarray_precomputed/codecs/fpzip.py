@@ -52,8 +52,8 @@ __all__ = ["decode_into", "encode", "plausible", "read_header", "decode_array", 
 _M = 0xFFFFFFFF
 MAX_HEADER_BYTES = 64  # 216 header bits, plus what the range coder reads ahead
 
-# the extension (codecs/_fpzip.c): the decoder, and the encoder too; None where not built
-_decoder = load("xarray_precomputed.codecs._fpzip")
+# the extension (codecs/_fpzip.c): our decoder and encoder; None where it is not built
+_C = load("xarray_precomputed.codecs._fpzip")
 
 
 class _RangeBits:
@@ -136,10 +136,10 @@ def decode_array(data, *, dims, dtype, chunk, what: str = "fpzip") -> np.ndarray
         allowed = "2..32" if bits == 32 else "4..64, even"
         raise CorruptChunkError(f"{what} stream has precision {precision} ({allowed})",
                                 chunk=chunk)
-    if _decoder is not None:
+    if _C is not None:
         arr = np.empty(shape, found.newbyteorder("="), order="F")
         try:
-            _decoder.fpzip_decode(data, arr)
+            _C.fpzip_decode(data, arr)
         except ValueError as e:
             raise CorruptChunkError(f"corrupt {what} stream ({e})", chunk=chunk) from None
         return arr
@@ -177,11 +177,11 @@ def encode(chunk: np.ndarray, fpzip_precision: int = 0) -> bytes:
     order -- written by our encoder where the extension is built, by the package otherwise (which
     aborts the process on data that does not compress; see the module docstring)."""
     arr = np.asarray(chunk)
-    if _decoder is not None and arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8) \
+    if _C is not None and arr.dtype.kind == "f" and arr.dtype.itemsize in (4, 8) \
             and arr.ndim <= 4:
         arr = arr.reshape(arr.shape + (1,) * (4 - arr.ndim))  # as the package pads, order F
         arr = np.asfortranarray(arr, dtype=arr.dtype.newbyteorder("="))
-        return _decoder.fpzip_encode(arr, int(fpzip_precision))
+        return _C.fpzip_encode(arr, int(fpzip_precision))
     return bytes(_fpzip.compress(np.asfortranarray(chunk), precision=int(fpzip_precision),
                                  order="F"))
 
@@ -196,7 +196,7 @@ def whole_stream(fetch, size, *, dims, dtype, precision: int) -> bool:
     """Whether the object of `size` bytes is one whole fpzip stream of an array of `dims` and
     `dtype` at `precision`: its header says so and our decoder reads it to exactly its last
     byte. False without the extension (nothing else can tell a truncated stream)."""
-    if _decoder is None or size > stream_bound(dims, dtype):
+    if _C is None or size > stream_bound(dims, dtype):
         return False
     parts = fetch([(0, size)])
     if not parts or len(parts[0]) != size:
@@ -212,7 +212,7 @@ def whole_stream(fetch, size, *, dims, dtype, precision: int) -> bool:
         return False
     scratch = np.empty(shape, found.newbyteorder("="), order="F")
     try:
-        return _decoder.fpzip_decode(data, scratch) == size
+        return _C.fpzip_decode(data, scratch) == size
     except ValueError:
         return False
 
