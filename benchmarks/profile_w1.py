@@ -30,7 +30,8 @@ def child(path: str) -> dict:
     import xarray_precomputed.codecs as codecs
     from xarray_precomputed import storage
     from xarray_precomputed.format import sharding
-    from xarray_precomputed.reading import shard_reader, volume
+    from xarray_precomputed.kvstore import shard_files as shard_reader
+    from xarray_precomputed.reading import volume
     from xarray_precomputed import util
 
     acc: collections.Counter = collections.Counter()

@@ -448,7 +448,7 @@ def _ones_dask(path, chunks=None, order="C", reuse=False, values=None):
 
 def _worker_counts() -> dict:
     from xarray_precomputed import storage
-    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed.kvstore import shard_files as shard_reader
 
     return {**storage.request_counts, **shard_reader.index_fetches}
 

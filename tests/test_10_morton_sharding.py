@@ -22,7 +22,7 @@ from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.info import ShardingSpec
 from xarray_precomputed.format.morton import FEW_CELLS, compressed_morton, morton_bits
 from xarray_precomputed.format.sharding import chunk_location, hash_ids, shard_filename
-from xarray_precomputed.reading.shard_reader import positions_by_value
+from xarray_precomputed.kvstore.shard_files import positions_by_value
 
 
 def spec(hash="identity", preshift=0, minishard=0, shard=0, **kw) -> ShardingSpec:

@@ -297,7 +297,7 @@ def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     from xarray_precomputed.format import sharding
-    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed.kvstore import shard_files as shard_reader
     from xarray_precomputed import util
     from xarray_precomputed.reading import base as volume
 
@@ -320,7 +320,7 @@ def test_threads_missing_a_refused_index_together_send_one_request(volumes):
     import threading
 
     from xarray_precomputed.format import sharding
-    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed.kvstore import shard_files as shard_reader
     from xarray_precomputed import util
 
     root, _ = volumes

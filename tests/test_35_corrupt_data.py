@@ -153,7 +153,7 @@ def test_gzip_paths_agree_and_stay_bounded(monkeypatch, libdeflate):
     import zlib
 
     from xarray_precomputed.format import sharding
-    from xarray_precomputed.reading import shard_reader
+    from xarray_precomputed.kvstore import shard_files as shard_reader
     from xarray_precomputed import util
 
     if not libdeflate:

@@ -10,7 +10,7 @@ from oracle import make_data, write_volume
 
 import xarray_precomputed as xp
 from xarray_precomputed import Volume
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 
 SHARDING = dict(preshift_bits=0, hash="identity", minishard_bits=1, shard_bits=1)
 

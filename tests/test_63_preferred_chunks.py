@@ -22,7 +22,7 @@ import xarray as xr
 
 from xarray_precomputed.backends import precomputed
 from xarray_precomputed.errors import ArgumentError
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 
 SHAPE = (64, 48, 40, 2)  # a 4 x 3 x 5 grid of 16 x 16 x 8 chunks; 2 channels of uint64
 CHUNK = (16, 16, 8)

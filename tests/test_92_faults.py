@@ -26,7 +26,7 @@ import oracle
 import servers
 from xarray_precomputed import Volume, storage
 from xarray_precomputed.format import sharding
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 from xarray_precomputed import util
 from xarray_precomputed.errors import (MissingChunkError, PrecomputedError, ShardFormatError,
                                        StorageError)

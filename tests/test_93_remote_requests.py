@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import MissingChunkError, ShardFormatError
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 
 SHAPE = (40, 32, 24, 1)  # a 5 x 4 x 3 grid of 8^3 chunks
 # identity hash, 7 Morton bits = 3 preshift + 1 minishard + 3 shard: each shard file holds an

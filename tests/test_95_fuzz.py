@@ -28,7 +28,7 @@ import pytest
 
 from xarray_precomputed import Volume
 from xarray_precomputed.format import sharding
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 from xarray_precomputed import util
 from xarray_precomputed.errors import (CorruptChunkError, InfoError, PrecomputedError,
                                        ShardFormatError)

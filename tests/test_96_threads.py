@@ -16,7 +16,7 @@ import xarray as xr
 from xarray_precomputed import Volume, util
 from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 from xarray_precomputed.format import sharding
-from xarray_precomputed.reading import shard_reader
+from xarray_precomputed.kvstore import shard_files as shard_reader
 
 THREADS = 16
 READS_PER_THREAD = 12

@@ -1,6 +1,6 @@
 """The neuroglancer_uint64_sharded_v1 format: chunk id -> shard file and minishard, the shard box,
 and parsing of shard and minishard indices (every offset checked). Reading is in
-`reading/shard_reader.py`, writing shard files in `writing/`."""
+`kvstore/shard_files.py`, writing shard files in `writing/`."""
 
 from __future__ import annotations
 

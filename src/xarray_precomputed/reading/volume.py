@@ -21,6 +21,7 @@ from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
+from ..kvstore.shard_files import ShardReader, positions_by_value
 from ..storage import open_store, strip_scheme_prefix
 from ..util import cpu_pool_size
 from . import batched
@@ -35,7 +36,6 @@ from .base import (
     running_reads,
 )
 from .missing import MissingCount, record_filled
-from .shard_reader import ShardReader, positions_by_value
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
 # decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import WriterError
 from ..format.info import DATA_TYPES, VolumeInfo
-from ..reading.shard_reader import forget_cached_indices
+from ..kvstore.shard_files import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
 from . import progress as write_progress
 from .encoding_options import check_encoding_options, record_options
