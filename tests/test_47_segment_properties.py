@@ -250,7 +250,8 @@ def test_volume_links_its_segment_properties(tmp_path):
     seg = xr.open_dataset(vol, engine="precomputed")["segmentation"]
     ids = np.unique(seg.values)
     ids = ids[ids != 0]
-    truth = pd.DataFrame({"label": [f"body {i}" for i in ids], "voxels": np.arange(len(ids), dtype=np.uint32)},
+    truth = pd.DataFrame({"label": [f"body {i}" for i in ids],
+                          "voxels": np.arange(len(ids), dtype=np.uint32)},
                          index=pd.Index(ids, name="segment"))
     xp.to_segment_properties(truth, str(vol / "props"))
     info = json.loads((vol / "info").read_text())
