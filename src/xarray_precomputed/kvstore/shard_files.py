@@ -13,6 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..context import DefaultCounters, default_context, live_contexts
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
 from ..format.sharding import (
@@ -23,7 +24,6 @@ from ..format.sharding import (
     shard_filename,
     shard_index_bytes,
 )
-from ..context import DefaultCounters, default_context, live_contexts
 from ..storage import Store
 from ..util import single_flight
 

@@ -17,12 +17,12 @@ import numpy as np
 
 from ..codecs import get_codec, get_decoder
 from ..codecs.raw import plain_voxels, stored_view
+from ..context import Context, resolve
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..kvstore.shard_files import ShardReader, positions_by_value
-from ..context import Context, resolve
 from ..storage import open_store, strip_scheme_prefix
 from . import batched
 from .base import (
