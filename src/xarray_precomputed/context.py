@@ -52,10 +52,13 @@ PROC_SELF_CGROUP = "/proc/self/cgroup"
 
 # -- the CPUs this process may use
 
-def cgroup_cpu_limit(root: str = CGROUP_ROOT, self_cgroup: str = PROC_SELF_CGROUP) -> float | None:
+def cgroup_cpu_limit(root: str | None = None, self_cgroup: str | None = None) -> float | None:
     """CPUs the cgroup CPU quota of this process allows (quota / period, the smallest along its
     cgroup and the cgroups above it), or None without a quota. cgroup v2 (`cpu.max`) and v1
-    (`cpu.cfs_quota_us`, `cpu.cfs_period_us`)."""
+    (`cpu.cfs_quota_us`, `cpu.cfs_period_us`); `root` and `self_cgroup` default to
+    CGROUP_ROOT and PROC_SELF_CGROUP."""
+    root = CGROUP_ROOT if root is None else root
+    self_cgroup = PROC_SELF_CGROUP if self_cgroup is None else self_cgroup
     try:
         with open(self_cgroup) as f:
             lines = f.read().splitlines()

@@ -252,9 +252,15 @@ class ChunkedScaleReader(ABC):
     @property
     def context(self) -> Context:
         """The threads, caches and counters this reader's reads use: the context it was given,
-        else the default context where it reads."""
+        else the default context of the process (or dask worker) where it first reads. Fixed
+        then, since pool threads are in no worker's task."""
         ctx = self.context_given
-        return default_context() if ctx is None else ctx
+        if ctx is None:
+            pid, ctx = self.__dict__.get("_default_context", (None, None))
+            if pid != os.getpid():
+                ctx = default_context()
+                self.__dict__["_default_context"] = (os.getpid(), ctx)
+        return ctx
 
     @property
     def store(self) -> Store:
