@@ -21,9 +21,9 @@ import xarray as xr
 from fpzip_arrays import SHAPES, data, smooth, special_value_arrays
 
 import xarray_precomputed as xp
-from xarray_precomputed.context import default_context
 from xarray_precomputed.codecs import fpzip as fpzip_codec
 from xarray_precomputed.codecs import get_codec, kempressed
+from xarray_precomputed.context import default_context
 
 fpzip = pytest.importorskip("fpzip")
 _fpzip = importlib.import_module("xarray_precomputed.codecs._fpzip")  # the extension itself
@@ -366,7 +366,6 @@ def test_plausible_refuses_unread_what_no_stream_of_the_chunk_could_be(monkeypat
 
 
 def test_resume_keeps_whole_fpzip_chunks_and_rewrites_the_rest(tmp_path):
-    from xarray_precomputed import storage
 
     data = _random_bits((32, 16, 16, 1), "float32", seed=8)
     da = xr.DataArray(data, dims=("x", "y", "z", "channel"))

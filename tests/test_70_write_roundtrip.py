@@ -10,19 +10,18 @@ import re
 
 import compressed_segmentation as pypi_cseg
 import numpy as np
+import oracle
 import pytest
 import xarray as xr
 from cloudvolume import CloudVolume
-
-import oracle
-import xarray_precomputed as xp
 from oracle import assert_same, check_readers, make_da, parse_shard, scale_files
-from xarray_precomputed.context import default_context
+
+import xarray_precomputed as xp
 from xarray_precomputed import ArgumentError, ShardingSpec, storage
+from xarray_precomputed.context import default_context
 from xarray_precomputed.format import sharding as sharding_fmt
 from xarray_precomputed.writing import precomputed as writer
 from xarray_precomputed.writing.precomputed import WriterError
-
 
 SH_ID_PRE = dict(preshift_bits=2, hash="identity", minishard_bits=1, shard_bits=2)
 SH_MM_GZ = dict(preshift_bits=1, hash="murmurhash3_x86_128", minishard_bits=2, shard_bits=2,

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 import oracle
-import xarray_precomputed as xp
+import pytest
 from oracle import check_readers, make_da, scale_files
-from xarray_precomputed.context import default_context
-from xarray_precomputed import storage
 
+import xarray_precomputed as xp
+from xarray_precomputed import storage
+from xarray_precomputed.context import default_context
 
 SH_ID_PRE = dict(preshift_bits=2, hash="identity", minishard_bits=1, shard_bits=2)
 SH_MM_GZ = dict(preshift_bits=1, hash="murmurhash3_x86_128", minishard_bits=2, shard_bits=2,

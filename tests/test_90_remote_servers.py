@@ -14,15 +14,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import oracle
 import pytest
+import servers
 import xarray as xr
 
-import oracle
-import servers
-from xarray_precomputed.context import default_context
 from xarray_precomputed import Volume, storage
-from xarray_precomputed.errors import (MissingChunkError, PermissionDeniedError, PrecomputedError,
-                                       StorageError)
+from xarray_precomputed.context import default_context
+from xarray_precomputed.errors import MissingChunkError, PermissionDeniedError, PrecomputedError, StorageError
 
 NAMES = list(servers.FIXTURE_VOLUMES)
 DATA_NAMES = [n for n in NAMES if not n.startswith("missing")]

@@ -20,16 +20,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-import pytest
-
 import oracle
+import pytest
 import servers
+
 from xarray_precomputed import Volume, storage
-from xarray_precomputed.format import sharding
 from xarray_precomputed.context import default_context
-from xarray_precomputed import util
-from xarray_precomputed.errors import (MissingChunkError, PrecomputedError, ShardFormatError,
-                                       StorageError)
+from xarray_precomputed.errors import MissingChunkError, PrecomputedError, ShardFormatError, StorageError
 
 # ---------------------------------------------------------------------------------------------
 # The proxy

@@ -7,7 +7,8 @@ A `Context` holds what reads (and the writers and exporter, through the stores t
 - an optional cache of decoded chunks (`chunk_cache_bytes`; None or 0: none);
 - the cache of whole decoded objects (Content-Encoded objects, CloudFiles' `<key>.gz` files) that
   byte ranges are cut from (`decoded_object_cache_bytes`);
-- the stores it opened (one per URL and options);
+- the stores it opened (one per URL and options), and the caches of one kind of volume (DVID's
+  export indices and tables: `cache(name, max_bytes)`);
 - counters users read: `requests` (by kind: read, range, write, retry) and `index_fetches`
   (shard_index, minishard_index, whole_shard), updated under a lock, read as a dict snapshot.
 
@@ -314,6 +315,11 @@ class Context:
             if entry is None or entry[0] != os.getpid():
                 entry = self._shared[key] = (os.getpid(), make())
             return entry[1]
+
+    def cache(self, name: str, max_bytes: int) -> LRUCache:
+        """The context's cache called `name`, made with `max_bytes` on first use: the caches of
+        one kind of volume (DVID's export indices, tables, record batches)."""
+        return self.shared(("cache", name), lambda: LRUCache(max_bytes))
 
     def forget_shard_indices(self, url: str | None = None) -> None:
         """Drop the cached shard indices and shard forms of the volume at `url` (a store's URL;
