@@ -264,13 +264,13 @@ class ChunkedScaleReader(ABC):
 
     @property
     def store(self) -> Store:
-        # Kept per process and context (a forked child must not use its parent's connections);
-        # looking it up in open_store's registry each time cost ~30 us per chunk task.
-        ctx = self.context
-        pid, held, store = self.__dict__.get("_store", (None, None, None))
-        if pid != os.getpid() or held is not ctx:
-            store = open_store(self.url, self.storage_options, context=ctx)
-            self.__dict__["_store"] = (os.getpid(), ctx, store)
+        # Kept per process (a forked child must not use its parent's connections; the context is
+        # fixed per process too); looking it up in open_store's registry each time cost ~30 us
+        # per chunk task.
+        pid, store = self.__dict__.get("_store", (None, None))
+        if pid != os.getpid():
+            store = open_store(self.url, self.storage_options, context=self.context)
+            self.__dict__["_store"] = (os.getpid(), store)
         return store
 
     @property
