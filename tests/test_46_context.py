@@ -344,8 +344,11 @@ def test_volume_scale_takes_a_context_of_its_own(volumes):
 
 
 def test_a_writer_makes_every_context_forget_the_indices_it_replaced(tmp_path):
-    data = oracle.make_data((16, 16, 16, 1), "uint32", seed=48)
-    oracle.write_volume(tmp_path / "v", data, chunk_size=(8, 8, 8), sharding=SHARDED)
+    """A context of the user's, holding the indices of shards a writer then replaced (raw chunks
+    where compressed_segmentation ones were: other offsets), reads the new ones."""
+    data = oracle.make_data((16, 16, 16, 1), "uint32", seed=48, labels=True)
+    oracle.write_volume(tmp_path / "v", data, chunk_size=(8, 8, 8), sharding=SHARDED,
+                        encoding="compressed_segmentation", block_size=(4, 4, 4))
     ctx = Context()
     np.testing.assert_array_equal(Volume.open(str(tmp_path / "v"), context=ctx).scale(0).read(),
                                   data)
