@@ -234,10 +234,6 @@ class DefaultCounters(Mapping):
 
 # -- the context
 
-_SIZES = ("decode_threads", "io_threads", "shard_index_cache_bytes", "chunk_cache_bytes",
-          "decoded_object_cache_bytes")
-
-
 def _check_size(name: str, value: Any, *, least: int) -> int | None:
     if value is None:
         return None
@@ -252,8 +248,9 @@ class Context:
     `decode_threads`: the decode pool (default: twice the CPUs this process may use, at least 4;
     in a dask worker's task, twice its threads). `io_threads`: remote requests in flight at once
     (default 32). `shard_index_cache_bytes`: cached shard and minishard indices (256 MiB).
-    `chunk_cache_bytes`: decoded chunks kept for later reads (None or 0: none). `decoded_object_
-    cache_bytes`: whole decoded objects that byte ranges are cut from (256 MiB).
+    `chunk_cache_bytes`: decoded chunks kept for later reads (None or 0: none).
+    `decoded_object_cache_bytes`: whole decoded objects that byte ranges are cut from (256 MiB).
+    Sizes not given are taken where the context is made, or unpickled (module docstring).
     """
 
     def __init__(self, *, decode_threads: int | None = None, io_threads: int | None = None,
