@@ -178,7 +178,12 @@ def test_good_input_next_to_the_bad_still_works(tmp_path):
     assert encode_chunk(CHUNK, "raw") == CHUNK.tobytes(order="F")
     assert len(encode_chunk(CHUNK, "compressed_segmentation", block_size=(2, 2, 2))) > 0
     assert xp.downsample(DA, (2, 2, 1), method="mean").shape == (4, 3, 4, 1)
-    assert choose_sharding((10, 10, 10), (2, 2, 2), target_voxels=100) is not None
+    # a 5x5x5 grid has 9 Morton bits; 100 voxels is ~13 chunks of 8, nearest power of two 16:
+    # 4 bits within a shard (all preshift), the other 5 name the shard
+    assert choose_sharding((10, 10, 10), (2, 2, 2), target_voxels=100) == {
+        "@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 4, "hash": "identity",
+        "minishard_bits": 0, "shard_bits": 5, "minishard_index_encoding": "gzip",
+        "data_encoding": "gzip"}
     info = _w(tmp_path, chunk_size=(4, 4, 4), jpeg_quality=90, png_level=9, gzip_level=0,
               max_workers=1)
     assert info.scales[0].chunk_sizes == ((4, 4, 4),)

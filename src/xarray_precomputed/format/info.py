@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence, TypeGuard
 import numpy as np
 
 from ..codecs.registry import CODECS
-from ..errors import InfoError, PrecomputedError, ScaleNotFoundError
+from ..errors import ArgumentError, InfoError, ScaleNotFoundError
 
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
 
@@ -183,7 +183,7 @@ class VolumeInfo:
             raise ScaleNotFoundError(
                 f"no scale with resolution {tuple(which)}; resolutions are "
                 f"{[s.resolution for s in self.scales]}")
-        raise PrecomputedError(f"scale must be an index, a key or a resolution triple, got {which!r}")
+        raise ArgumentError(f"scale must be an index, a key or a resolution triple, got {which!r}")
 
 
 
