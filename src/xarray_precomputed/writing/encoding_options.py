@@ -10,7 +10,6 @@ them.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,13 +44,10 @@ def check_encoding_options(encodings: list[str], options: Mapping[str, Any] | No
     for e in set(encodings):
         mine = {k: v for k, v in options.items() if k in _takes(e)}
         if mine:
-            module = importlib.import_module(f"..codecs.{get_codec(e).module}", __package__)
-            check = getattr(module, "check_options", None)
-            if check is not None:
-                try:
-                    mine = check(**mine)
-                except (TypeError, ValueError) as err:
-                    raise WriterError(f"encoding {e!r}: {err}") from None
+            try:
+                mine = get_codec(e).check_options(**mine)
+            except (TypeError, ValueError) as err:
+                raise WriterError(f"encoding {e!r}: {err}") from None
         out[e] = tuple(sorted(mine.items()))
     return out
 
