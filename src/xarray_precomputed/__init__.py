@@ -11,6 +11,7 @@ from .errors import (
     CodecUnavailableError,
     CorruptChunkError,
     DependencyError,
+    ExportArgumentError,
     ExportError,
     HugeGraphWarning,
     InfoError,
@@ -21,17 +22,26 @@ from .errors import (
     ShardFormatError,
     StorageError,
     URLError,
+    WriterArgumentError,
     WriterError,
 )
 from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
 from .reading.missing import MissingCount
-from .reading.volume import ScaleReader, Volume, open_volume
-
-__version__ = "0.1.0"
+from .reading.volume import ScaleReader, Volume
 
 # Writers load on first use: reading needs neither them nor zarr.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
          "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples"}
+
+
+def _version() -> str:
+    # the installed distribution's; a source tree on sys.path that was never installed has none
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xarray-precomputed")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def __getattr__(name: str):
@@ -39,13 +49,22 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name == "__version__":  # read from the package metadata when first asked (a few ms)
+        globals()["__version__"] = v = _version()
+        return v
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily loaded names too, so tab completion offers them
+    return sorted(set(globals()) | set(__all__))
 
 __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
-    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
-    "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
-    "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
-    "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data",
+    "DependencyError", "ExportArgumentError", "ExportError", "HugeGraphWarning", "InfoError",
+    "MissingChunkError", "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError",
+    "ShardFormatError", "StorageError", "URLError", "WriterArgumentError", "WriterError",
+    "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader", "Volume",
+    "MissingCount", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
+    "sample_volume", "sample_data",
 ]
