@@ -98,12 +98,18 @@ TO_PRECOMPUTED = [
     (lambda p: _w(p, resolution=(1, 1)), "resolution"),
     (lambda p: _w(p, resolution=("a", 1, 1)), "resolution|axis 'x'"),
     (lambda p: _w(p, voxel_offset=5), "voxel_offset"),
-    (lambda p: _w(p, encoding="jpeg", jpeg_quality="high"), "jpeg_quality"),
-    (lambda p: _w(p, encoding="png", png_level=12), "png_level"),
+    (lambda p: _w(p, encoding="jpeg", encoding_options={"jpeg_quality": "high"}),
+     r"encoding 'jpeg': jpeg_quality must be an integer from 1 to 100, got 'high'"),
+    (lambda p: _w(p, encoding="png", encoding_options={"png_level": 12}),
+     r"encoding 'png': png_level must be an integer from 0 to 9, got 12"),
+    (lambda p: _w(p, encoding="raw", encoding_options={"png_level": 1}),
+     r"encoding_options \['png_level'\] are not options of encoding\(s\) \['raw'\]"),
+    (lambda p: _w(p, encoding_options=[("png_level", 1)]), "encoding_options must be a mapping"),
+    (lambda p: _w(p, progress="yes"), "progress must be True, False, None or a WriteProgress"),
     (lambda p: _w(p, gzip_level=-2), "gzip_level"),
     (lambda p: _w(p, sharding="auto", shard_bytes="lots"), "shard_bytes"),
     (lambda p: _w(p, block_bytes=0), "block_bytes"),
-    (lambda p: _w(p, max_workers=0), "max_workers"),
+    (lambda p: _w(p, num_workers=0), "num_workers"),
     (lambda p: xp.to_precomputed(DA.to_dataset(), str(p / "v"), variable="nope"), "nope"),
     (lambda p: xp.to_precomputed(xr.DataTree(), str(p / "v")), "DataTree"),
     (lambda p: xp.to_precomputed(DA.astype(np.float64), str(p / "v")), "data type"),
@@ -117,6 +123,8 @@ def _e(tmp_path, obj=DA, **kw):
 TO_OME_ZARR = [
     (lambda p: _e(p, obj=np.zeros((2, 2, 2))), "ndarray"),
     (lambda p: _e(p, verify="crc"), "verify"),
+    (lambda p: xp.to_ome_zarr(DA, p / "o.zarr", progress="yes"),
+     "progress must be True, False or None, got 'yes'"),
     (lambda p: _e(p, compressor="lz4"), "compressor"),
     (lambda p: _e(p, level="max"), "level"),
     (lambda p: _e(p, level=99), "level"),
@@ -184,8 +192,7 @@ def test_good_input_next_to_the_bad_still_works(tmp_path):
         "@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 4, "hash": "identity",
         "minishard_bits": 0, "shard_bits": 5, "minishard_index_encoding": "gzip",
         "data_encoding": "gzip"}
-    info = _w(tmp_path, chunk_size=(4, 4, 4), jpeg_quality=90, png_level=9, gzip_level=0,
-              max_workers=1)
+    info = _w(tmp_path, chunk_size=(4, 4, 4), gzip_level=0, num_workers=1, progress=False)
     assert info.scales[0].chunk_sizes == ((4, 4, 4),)
     r = _e(tmp_path, compressor="blosc", level=9, scales=[0], num_workers=1)
     assert r.written == r.arrays[0].n_shards

@@ -76,8 +76,6 @@ class Target:
     encoding: str
     block_size: tuple[int, int, int]
     sharding: tuple | None  # sorted items of the sharding JSON
-    jpeg_quality: int = 75
-    png_level: int = 6
     gzip_level: int = 6
     write_empty_chunks: bool = True
     options: tuple = ()  # sorted (name, value) items of the encoding's own options
@@ -114,9 +112,7 @@ class Target:
         if not self.write_empty_chunks and not arr.any():
             return None
         # the options were checked by to_precomputed: straight to the codec
-        return get_codec(self.encoding).encode(arr, block_size=self.block_size,
-                                               jpeg_quality=self.jpeg_quality,
-                                               png_level=self.png_level, **dict(self.options))
+        return get_codec(self.encoding).encode(arr, block_size=self.block_size, **dict(self.options))
 
     def shard_name(self, shard: int) -> str:
         return shard_filename(shard, self.sharded)
