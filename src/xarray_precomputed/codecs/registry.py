@@ -29,10 +29,11 @@ is their `Codec` entry, e.g. in a plugin's pyproject.toml:
     [project.entry-points."xarray_precomputed.codecs"]
     my_encoding = "my_package.precomputed_codec:CODEC"
 
-with `CODEC = Codec("my_encoding", "my_package.precomputed_codec", writable=True)`. Installed
-entry points are looked up when an encoding is not in the table (and once, for the lists of
-encodings), so a plugin costs nothing until a volume uses its encoding; `register()` adds an
-entry in code.
+with `CODEC = Codec("my_encoding", "my_package.precomputed_codec", writable=True)`. The group is
+read once per process, when an encoding is not in the table or the encodings are listed (a scan
+of the installed distributions, 17-32 ms), and a plugin is imported when its encoding is first
+used; `load_entry_points()` reads the group again after an install in a running session, and
+`register()` adds an entry in code.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import Callable, cast
 
@@ -50,7 +51,7 @@ from ..errors import CodecUnavailableError, PrecomputedError, WriterError
 from .contract import DecodeInto, Decoder, Encoder
 
 __all__ = ["Codec", "CODECS", "ENTRY_POINT_GROUP", "encoding_options", "find_codec", "get_codec",
-           "register", "supported_encodings", "writable_encodings"]
+           "load_entry_points", "register", "supported_encodings", "writable_encodings"]
 
 ENTRY_POINT_GROUP = "xarray_precomputed.codecs"
 
@@ -193,43 +194,50 @@ def _load_entry_point(ep) -> Codec:
     return codec
 
 
-def _from_entry_points(name: str | None = None) -> None:
-    """Register the installed plugins' entries not yet in the table: `name`'s (a broken one
-    raises, naming it), or every one (a broken one warns and is left out, so that it does not
-    stop the other encodings from being read or written)."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in CODECS or (name is not None and ep.name != name):
-            continue
-        try:
-            codec = _load_entry_point(ep)
-        except PrecomputedError as e:
-            if name is not None:
-                raise
-            warnings.warn(str(e), RuntimeWarning, stacklevel=3)
-            continue
-        CODECS[codec.name] = codec
+_installed: dict[str, EntryPoint] | None = None  # the group's entry points, read once
+_reported: set[str] = set()  # broken plugins already warned of when listing
 
 
-_scanned = False  # whether the lists of encodings include the installed plugins
+def load_entry_points() -> list[str]:
+    """Read the installed plugins' entry points again (done once per process on first need; call
+    this after installing a plugin in a running session); returns their encodings' names."""
+    global _installed
+    _installed = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    _reported.clear()
+    return sorted(_installed)
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    if _installed is None:
+        load_entry_points()
+    assert _installed is not None
+    return _installed
 
 
 def _all() -> dict[str, Codec]:
-    global _scanned
-    if not _scanned:
-        _from_entry_points()
-        _scanned = True
+    """The table with every installed plugin's entry in it; a broken plugin warns (once) and is
+    left out, so that it does not stop the other encodings from being read or written."""
+    for name, ep in _plugins().items():
+        if name in CODECS or name in _reported:
+            continue
+        try:
+            CODECS[name] = _load_entry_point(ep)
+        except PrecomputedError as e:
+            _reported.add(name)
+            warnings.warn(str(e), RuntimeWarning, stacklevel=3)
     return CODECS
 
 
 def find_codec(encoding: object) -> Codec | None:
-    """The entry of `encoding`, from the table or else an installed plugin; None if neither has
-    it (a plugin installed since is found: the lookup is repeated for a name not found)."""
+    """The entry of `encoding`, from the table or else an installed plugin (a broken one raises,
+    naming it); None if neither has it."""
     if not isinstance(encoding, str):
         return None
     codec = CODECS.get(encoding)
     if codec is None:
-        _from_entry_points(encoding)
-        codec = CODECS.get(encoding)
+        ep = _plugins().get(encoding)
+        if ep is not None:
+            codec = CODECS[encoding] = _load_entry_point(ep)
     return codec
 
 
