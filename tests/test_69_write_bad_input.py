@@ -65,6 +65,8 @@ ENCODE_CHUNK = [
     (lambda: encode_chunk(CHUNK, "compressed_segmentation", block_size="x"), "block_size"),
     (lambda: encode_chunk(CHUNK.astype(np.uint8), "jpeg", jpeg_quality=500), "jpeg_quality"),
     (lambda: encode_chunk(CHUNK.astype(np.uint8), "png", png_level="a"), "png_level"),
+    (lambda: encode_chunk(CHUNK.astype(np.uint8), "png", jpeg_quality=90),
+     r"\['jpeg_quality'\] are not options of encoding 'png'; it takes \['png_level'\]"),
 ]
 
 CHOOSE_SHARDING = [
@@ -185,6 +187,8 @@ def test_good_input_next_to_the_bad_still_works(tmp_path):
     assert len(build_shard([0, 1], [b"a", b"b"], SPEC)) > 0
     assert encode_chunk(CHUNK, "raw") == CHUNK.tobytes(order="F")
     assert len(encode_chunk(CHUNK, "compressed_segmentation", block_size=(2, 2, 2))) > 0
+    img = CHUNK.astype(np.uint8)
+    assert encode_chunk(img, "png", png_level=9) != encode_chunk(img, "png", png_level=0)
     assert xp.downsample(DA, (2, 2, 1), method="mean").shape == (4, 3, 4, 1)
     # a 5x5x5 grid has 9 Morton bits; 100 voxels is ~13 chunks of 8, nearest power of two 16:
     # 4 bits within a shard (all preshift), the other 5 name the shard
