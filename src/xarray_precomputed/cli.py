@@ -6,9 +6,9 @@
 
 `--scale` picks scales by index in the info's `scales` list (or by key); converted arrays keep the
 source index in their name (`s<K>`). Missing source chunks are read as 0 and counted in the
-report (`--no-fill-missing` stops at the first instead). Errors are one line on stderr, never a
-traceback (`--traceback` shows it). Exit status: 0 success, 1 a reported error, 2 bad usage,
-130 interrupted, 141 the output pipe was closed (`| head`).
+report (`--no-fill-missing` stops at the first instead). Errors and warnings are one line on
+stderr, never a traceback (`--traceback` shows it). Exit status: 0 success, 1 a reported error,
+2 bad usage, 130 interrupted, 141 the output pipe was closed (`| head`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 ENGINES = ("precomputed", "dvid_arrow")
@@ -462,13 +463,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # one line, as errors are: what happened, not where in the package it was said
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .errors import PrecomputedError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except BrokenPipeError:
         # `... | head` closed our stdout: stop quietly, and keep Python's exit-time flush of the
         # dead pipe from printing another error.
