@@ -13,6 +13,7 @@ import pytest
 import oracle
 from xarray_precomputed.errors import InfoError, PrecomputedError
 from xarray_precomputed.format.info import ShardingSpec, parse_info
+from xarray_precomputed.format.morton import chunk_key
 
 SHARED_DATA = Path(__file__).resolve().parent / "data"
 
@@ -410,8 +411,20 @@ def test_sharded_morton_bits_exactly_64_ok():
 
 
 def test_unsharded_morton_bits_over_64_ok():
+    """The 64-bit limit is a sharding rule: unsharded chunks are named by coordinates, so the same
+    grid without sharding is a valid scale whose last chunk has a name."""
     info = with_scale(0, size=[2**22, 2**22, 2**21], chunk_sizes=[[1, 1, 1]])
-    parse_info(info)
+    s = parse_info(info).scales[0]
+    assert s.sharding is None and s.grid_shape() == (2**22, 2**22, 2**21)
+    last = tuple(g - 1 for g in s.grid_shape())
+    o = s.voxel_offset
+    assert chunk_key(last, s.chunk_sizes[0], s.size, o) == (
+        f"{o[0] + 2**22 - 1}-{o[0] + 2**22}_{o[1] + 2**22 - 1}-{o[1] + 2**22}_"
+        f"{o[2] + 2**21 - 1}-{o[2] + 2**21}")
+    sharded = with_scale(0, size=[2**22, 2**22, 2**21], chunk_sizes=[[1, 1, 1]])
+    sharded["scales"][0]["sharding"] = SHARDING
+    with pytest.raises(InfoError, match="64"):
+        parse_info(sharded)
 
 
 def test_sharding_spec_from_json_direct():

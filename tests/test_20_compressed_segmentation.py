@@ -577,36 +577,38 @@ def test_absurd_geometry_never_crashes():
     with pytest.raises(CorruptChunkError, match="headers"):
         decode_into(VALID_ONE, out, chunk_shape=(2**31 - 1,) * 3, block_size=(1, 1, 1), origin=(0, 0, 0),
                     chunk="c")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"chunk_shape\[0\] = 2147483648 must be in \[0, 2\*\*31\)"):
         _cseg.cseg_decode(VALID_ONE, out, (2**31,) * 3, (1, 1, 1), (0, 0, 0))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"block_size\[0\] = 0 must be in \[1, 2\*\*31\)"):
         _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (0, 1, 1), (0, 0, 0))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="origin entry 0 out of range"):
         _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (1, 1, 1), (2**70, 0, 0))
 
 
 def test_argument_errors_are_not_corrupt_chunk_errors():
     out = np.zeros((2, 2, 1, 1), np.uint64)
-    for kwargs in [dict(origin=(1, 0, 0)), dict(chunk_shape=(1, 2, 1)), dict(block_size=(0, 2, 1))]:
+    for kwargs, match in [(dict(origin=(1, 0, 0)), r"origin \(1, 0, 0\) \+ out shape .* exceeds"),
+                          (dict(chunk_shape=(1, 2, 1)), r"exceeds chunk shape \(1, 2, 1\)"),
+                          (dict(block_size=(0, 2, 1)), r"block_size \(0, 2, 1\) entries must be")]:
         args = dict(chunk_shape=(2, 2, 1), block_size=(2, 2, 1), origin=(0, 0, 0), chunk="c")
         args.update(kwargs)
-        with pytest.raises(ValueError) as ei:
+        with pytest.raises(ValueError, match=match) as ei:
             decode_into(VALID_ONE, out, **args)
         assert not isinstance(ei.value, CorruptChunkError)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="needs native uint32 or uint64, got int64"):
         decode_into(VALID_ONE, out.astype(np.int64), chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="needs native uint32 or uint64, got >u8"):
         decode_into(VALID_ONE, out.astype(">u8"), chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"out must be 4-D \(x, y, z, channel\), got shape \(2, 2, 1\)"):
         decode_into(VALID_ONE, out[..., 0], chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
     ro = out.copy()
     ro.flags.writeable = False
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="out is read-only"):
         decode_into(VALID_ONE, ro, chunk_shape=(2, 2, 1), block_size=(2, 2, 1), chunk="c")
     # the extension itself checks too (origin past the chunk, dtype, read-only, overlap)
     with pytest.raises(ValueError, match="exceeds"):
         _cseg.cseg_decode(VALID_ONE, out, (2, 2, 1), (2, 2, 1), (1, 0, 0))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="native-endian uint32 or uint64"):
         _cseg.cseg_decode(VALID_ONE, out.astype(np.float64), (2, 2, 1), (2, 2, 1), (0, 0, 0))
     with pytest.raises(ValueError, match="read-only"):
         _cseg.cseg_decode(VALID_ONE, ro, (2, 2, 1), (2, 2, 1), (0, 0, 0))

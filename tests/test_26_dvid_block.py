@@ -21,7 +21,7 @@ from dvid_helpers import (  # noqa: F401
     reference,
     varied_volume,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xarray_precomputed import (
@@ -125,7 +125,7 @@ def _check_mutant(data: bytes) -> None:
 
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_mutated_real_block_decodes_or_raises_ours(data):
     assert FIB19, "fib19 block missing"
@@ -196,7 +196,7 @@ def test_c_subblocks_equal_numpy_on_real_and_varied_blocks(real_table):
         _same(*_both(b))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_c_subblocks_equal_numpy_on_mutated_blocks(data):
     """Damaged values, counts and indices: both phases accept the same blocks with the same

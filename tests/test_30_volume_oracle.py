@@ -11,8 +11,8 @@ import pytest
 
 import oracle
 from xarray_precomputed import Volume
-from xarray_precomputed.errors import (BoundsError, MissingChunkError, PrecomputedError,
-                                       ShardFormatError)
+from xarray_precomputed.errors import (ArgumentError, BoundsError, MissingChunkError, PrecomputedError,
+                                       ScaleNotFoundError, ShardFormatError)
 from xarray_precomputed.format.morton import compressed_morton
 
 DATA_NAMES = oracle.names(exclude=("missing",))
@@ -221,9 +221,13 @@ def test_scale_by_index_key_resolution(oracle_volume):
             assert tuple(r.shape) == vol.truth[k].shape
             same(r.read(), vol.truth[k])
     assert info["scales"][0]["resolution"] != info["scales"][1]["resolution"]
-    for bad in (2, "nope", (3, 3, 3)):
-        with pytest.raises(PrecomputedError):
+    for bad, match in ((2, "scale index 2 out of range: the volume has 2 scales"),
+                       ("nope", "no scale with key 'nope'; keys are"),
+                       ((3, 3, 3), r"no scale with resolution \(3, 3, 3\); resolutions are")):
+        with pytest.raises(ScaleNotFoundError, match=match):
             v.scale(bad)
+    with pytest.raises(ArgumentError, match="scale must be an index, a key or a resolution triple"):
+        v.scale((3, 3))
 
 
 # ---------------------------------------------------------------------------------------------

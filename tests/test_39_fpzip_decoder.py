@@ -19,6 +19,7 @@ import threading
 import tracemalloc
 from pathlib import Path
 
+import fpzip  # a test dependency (the reference): missing, this fails, never skips
 import numpy as np
 import pytest
 from fpzip_arrays import SHAPES, data, smooth, special_value_arrays
@@ -28,7 +29,6 @@ from xarray_precomputed.codecs import fpzip as fpzip_codec
 from xarray_precomputed.codecs import get_decoder, kempressed
 from xarray_precomputed.errors import CorruptChunkError
 
-fpzip = pytest.importorskip("fpzip")
 _fpzip = importlib.import_module("xarray_precomputed.codecs._fpzip")  # the extension itself
 
 FLOAT_PRECISIONS = [0, 2, 3, 7, 8, 9, 12, 16, 20, 31, 32]
@@ -140,10 +140,18 @@ def test_what_follows_the_stream_is_not_read_and_out_is_checked():
 
 
 def test_empty_arrays_decode():
+    """A stream of no values: its header reads as the package wrote it, it decodes into an
+    empty result, and a result with room for a value is refused (not left unwritten)."""
     for shape in [(0, 3, 2, 1), (4, 4, 4, 0)]:
         buf = fpzip.compress(np.zeros(shape, np.float32, order="F"), order="F")
+        assert _fpzip.fpzip_header(buf) == ("float32", 0, shape)
+        assert fpzip.decompress(buf, order="F").shape == shape
         out = np.empty(shape, np.float32, order="F")
         _fpzip.fpzip_decode(buf, out)
+        assert out.shape == shape and out.size == 0
+        dims = " x ".join(map(str, shape))
+        with pytest.raises(ValueError, match=f"the stream holds {dims} values; out has 1"):
+            _fpzip.fpzip_decode(buf, np.empty(1, np.float32))
 
 
 def test_threads_decode_at_once():

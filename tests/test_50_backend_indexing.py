@@ -22,7 +22,8 @@ import tensorstore as ts
 import xarray as xr
 from xarray.core import indexing
 
-from xarray_precomputed import BoundsError, MissingChunkError, PrecomputedError
+from xarray_precomputed import (ArgumentError, BoundsError, MissingChunkError, PrecomputedError,
+                                ScaleNotFoundError)
 from xarray_precomputed.backends.precomputed import PrecomputedBackendArray
 from xarray_precomputed.reading.volume import Volume
 
@@ -489,11 +490,22 @@ def test_scale_selection(volumes, which, index):
     np.testing.assert_array_equal(ds["image"].values, truth[index])
 
 
-@pytest.mark.parametrize("which", [2, -3, "nope", (1, 2, 3), (4, 6)], ids=str)
-def test_unknown_scale_raises_package_error(volumes, which):
+@pytest.mark.parametrize("which,match", [
+    (2, "scale index 2 out of range: the volume has 2 scales"),
+    (-3, "scale index -3 out of range"),
+    ("nope", "no scale with key 'nope'; keys are"),
+    ((1, 2, 3), r"no scale with resolution \(1, 2, 3\)")], ids=str)
+def test_unknown_scale_raises_scale_not_found(volumes, which, match):
     path, _, _ = volumes["raw_unsharded"]
-    with pytest.raises(PrecomputedError):
+    with pytest.raises(ScaleNotFoundError, match=match):
         xr.open_dataset(path, engine="precomputed", scale=which)
+
+
+def test_a_scale_that_is_no_index_key_or_resolution_is_an_argument_error(volumes):
+    path, _, _ = volumes["raw_unsharded"]
+    with pytest.raises(ArgumentError, match=r"scale must be an index, a key or a resolution triple, "
+                                            r"got \(4, 6\)"):
+        xr.open_dataset(path, engine="precomputed", scale=(4, 6))
 
 
 # ---------------------------------------------------------------------------------------------

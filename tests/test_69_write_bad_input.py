@@ -65,6 +65,8 @@ ENCODE_CHUNK = [
     (lambda: encode_chunk(CHUNK, "compressed_segmentation", block_size="x"), "block_size"),
     (lambda: encode_chunk(CHUNK.astype(np.uint8), "jpeg", jpeg_quality=500), "jpeg_quality"),
     (lambda: encode_chunk(CHUNK.astype(np.uint8), "png", png_level="a"), "png_level"),
+    (lambda: encode_chunk(CHUNK.astype(np.uint8), "png", jpeg_quality=90),
+     r"\['jpeg_quality'\] are not options of encoding 'png'; it takes \['png_level'\]"),
 ]
 
 CHOOSE_SHARDING = [
@@ -98,12 +100,18 @@ TO_PRECOMPUTED = [
     (lambda p: _w(p, resolution=(1, 1)), "resolution"),
     (lambda p: _w(p, resolution=("a", 1, 1)), "resolution|axis 'x'"),
     (lambda p: _w(p, voxel_offset=5), "voxel_offset"),
-    (lambda p: _w(p, encoding="jpeg", jpeg_quality="high"), "jpeg_quality"),
-    (lambda p: _w(p, encoding="png", png_level=12), "png_level"),
+    (lambda p: _w(p, encoding="jpeg", encoding_options={"jpeg_quality": "high"}),
+     r"encoding 'jpeg': jpeg_quality must be an integer from 1 to 100, got 'high'"),
+    (lambda p: _w(p, encoding="png", encoding_options={"png_level": 12}),
+     r"encoding 'png': png_level must be an integer from 0 to 9, got 12"),
+    (lambda p: _w(p, encoding="raw", encoding_options={"png_level": 1}),
+     r"encoding_options \['png_level'\] are not options of encoding\(s\) \['raw'\]"),
+    (lambda p: _w(p, encoding_options=[("png_level", 1)]), "encoding_options must be a mapping"),
+    (lambda p: _w(p, progress="yes"), "progress must be True, False, None or a WriteProgress"),
     (lambda p: _w(p, gzip_level=-2), "gzip_level"),
     (lambda p: _w(p, sharding="auto", shard_bytes="lots"), "shard_bytes"),
     (lambda p: _w(p, block_bytes=0), "block_bytes"),
-    (lambda p: _w(p, max_workers=0), "max_workers"),
+    (lambda p: _w(p, num_workers=0), "num_workers"),
     (lambda p: xp.to_precomputed(DA.to_dataset(), str(p / "v"), variable="nope"), "nope"),
     (lambda p: xp.to_precomputed(xr.DataTree(), str(p / "v")), "DataTree"),
     (lambda p: xp.to_precomputed(DA.astype(np.float64), str(p / "v")), "data type"),
@@ -117,6 +125,8 @@ def _e(tmp_path, obj=DA, **kw):
 TO_OME_ZARR = [
     (lambda p: _e(p, obj=np.zeros((2, 2, 2))), "ndarray"),
     (lambda p: _e(p, verify="crc"), "verify"),
+    (lambda p: xp.to_ome_zarr(DA, p / "o.zarr", progress="yes"),
+     "progress must be True, False or None, got 'yes'"),
     (lambda p: _e(p, compressor="lz4"), "compressor"),
     (lambda p: _e(p, level="max"), "level"),
     (lambda p: _e(p, level=99), "level"),
@@ -177,10 +187,16 @@ def test_good_input_next_to_the_bad_still_works(tmp_path):
     assert len(build_shard([0, 1], [b"a", b"b"], SPEC)) > 0
     assert encode_chunk(CHUNK, "raw") == CHUNK.tobytes(order="F")
     assert len(encode_chunk(CHUNK, "compressed_segmentation", block_size=(2, 2, 2))) > 0
+    img = CHUNK.astype(np.uint8)
+    assert encode_chunk(img, "png", png_level=9) != encode_chunk(img, "png", png_level=0)
     assert xp.downsample(DA, (2, 2, 1), method="mean").shape == (4, 3, 4, 1)
-    assert choose_sharding((10, 10, 10), (2, 2, 2), target_voxels=100) is not None
-    info = _w(tmp_path, chunk_size=(4, 4, 4), jpeg_quality=90, png_level=9, gzip_level=0,
-              max_workers=1)
+    # a 5x5x5 grid has 9 Morton bits; 100 voxels is ~13 chunks of 8, nearest power of two 16:
+    # 4 bits within a shard (all preshift), the other 5 name the shard
+    assert choose_sharding((10, 10, 10), (2, 2, 2), target_voxels=100) == {
+        "@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 4, "hash": "identity",
+        "minishard_bits": 0, "shard_bits": 5, "minishard_index_encoding": "gzip",
+        "data_encoding": "gzip"}
+    info = _w(tmp_path, chunk_size=(4, 4, 4), gzip_level=0, num_workers=1, progress=False)
     assert info.scales[0].chunk_sizes == ((4, 4, 4),)
     r = _e(tmp_path, compressor="blosc", level=9, scales=[0], num_workers=1)
     assert r.written == r.arrays[0].n_shards

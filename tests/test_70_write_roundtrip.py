@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import compressed_segmentation as pypi_cseg
 import numpy as np
@@ -131,7 +132,8 @@ def test_jpeg_round_trip(tmp_path):
         for sh in (None, "auto"):
             p = tmp_path / f"jpeg{c}{sh}"
             info = xp.to_precomputed(make_da(data), str(p), encoding="jpeg", chunk_size=(16, 16, 4),
-                                     sharding=sh, jpeg_quality=95, shard_bytes=1 << 15)
+                                     sharding=sh, encoding_options={"jpeg_quality": 95},
+                                     shard_bytes=1 << 15)
             if sh == "auto":
                 assert info.scales[0].sharding.data_encoding == "raw"  # as TensorStore for jpeg
             # CloudVolume 12 reads a multi-channel jpeg as channel-planar (reshape in Fortran
@@ -171,14 +173,26 @@ def test_add_scale_merges_info(tmp_path):
     assert info["mesh"] == "mesh"
     check_readers(p, data, 0)
     check_readers(p, half.values, 1)
-    with pytest.raises(WriterError, match="other parameters"):
+    # a rewrite with other parameters is refused, naming the arguments that differ
+    with pytest.raises(WriterError, match=r"scale '4_4_40' exists in .* with another chunk_size: "
+                                          r"\[16, 16, 8\] in the info, \[8, 8, 8\] now\. "
+                                          r"Pass overwrite=True"):
         xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8))
+    with pytest.raises(WriterError, match=r"another chunk_size: \[16, 16, 8\] in the info, "
+                                          r"\[8, 8, 8\] now; another encoding: \"raw\" in the "
+                                          r"info, \"png\" now\."):
+        xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), encoding="png")
+    with pytest.raises(WriterError, match=r"another voxel_offset \(or the coordinates\): "
+                                          r"\[0, 0, 0\] in the info, \[2, 0, 0\] now\."):
+        xp.to_precomputed(da.assign_coords(x=da.x + 8), str(p), chunk_size=(16, 16, 8))
     with pytest.raises(WriterError, match="uint16"):
         xp.to_precomputed(da.astype(np.uint16), str(p))
     # a new scale 0 under the coarser scale made from the old one: refused, naming it ...
     with pytest.raises(WriterError, match=r"lists scales \['8_8_80'\], coarser than scale "
                                           r"'4_4_40'.*coarser_scales='drop'"):
-        xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True)
+        xp.to_precomputed(da, str(p), chunk_size=(16, 16, 8))
+    with pytest.raises(WriterError, match=r"lists scales \['8_8_80'\]"):
+        xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True, coarser_scales="refuse")
     assert json.loads((p / "info").read_text()) == info  # nothing written
     # ... kept on request (the same voxels here, rechunked: the coarser scale still holds)
     xp.to_precomputed(da, str(p), chunk_size=(8, 8, 8), overwrite=True, coarser_scales="keep")
@@ -193,6 +207,69 @@ def test_add_scale_merges_info(tmp_path):
     xp.to_precomputed(xp.downsample(other, (2, 2, 2)), str(p), chunk_size=(16, 16, 8))
     with pytest.raises(ArgumentError, match="coarser_scales"):
         xp.to_precomputed(da, str(p), coarser_scales="replace")
+
+
+def test_overwrite_drops_the_stale_coarser_scales_and_says_so(tmp_path):
+    """overwrite=True replaces scale 0; the coarser scale made from the old data leaves the info
+    (its files stay), with a StaleScalesWarning naming it -- no coarser_scales= needed."""
+    data = oracle.make_data((32, 32, 8, 1), "uint8", 1)
+    da = make_da(data, res=(4, 4, 40), name="image")
+    p = tmp_path / "v"
+    xp.to_precomputed(xr.DataTree.from_dict({"s0": da.to_dataset(),
+                                             "s1": xp.downsample(da, (2, 2, 2)).to_dataset()}),
+                      str(p), chunk_size=(16, 16, 8))
+    assert [s["key"] for s in json.loads((p / "info").read_text())["scales"]] == ["4_4_40", "8_8_80"]
+    other = make_da(np.ascontiguousarray(data[::-1]), res=(4, 4, 40), name="image")
+    with pytest.warns(xp.StaleScalesWarning, match=r"overwrite=True: .* no longer lists scales "
+                                                   r"\['8_8_80'\], coarser than scale '4_4_40'"):
+        info = xp.to_precomputed(other, str(p), chunk_size=(8, 8, 8), overwrite=True)
+    assert [s.key for s in info.scales] == ["4_4_40"]
+    assert [s["key"] for s in json.loads((p / "info").read_text())["scales"]] == ["4_4_40"]
+    assert (p / "8_8_80").is_dir()  # dropped from the info only
+    check_readers(p, other.values, 0)
+    # nothing stale, nothing said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xp.StaleScalesWarning)
+        xp.to_precomputed(da, str(p), chunk_size=(16, 16, 8), overwrite=True)
+    check_readers(p, data, 0)
+
+
+def test_former_keywords_still_work_with_a_deprecation_warning(tmp_path):
+    """jpeg_quality= and png_level= moved into encoding_options, max_workers= became
+    num_workers= (to_ome_zarr's name): the old spellings write the same, and warn."""
+    data = oracle.make_data((16, 16, 8, 1), "uint8", 1)
+    da = make_da(data, name="image")
+    new = xp.to_precomputed(da, str(tmp_path / "new"), encoding="jpeg", chunk_size=(8, 8, 8),
+                            encoding_options={"jpeg_quality": 90}, num_workers=1)
+    with pytest.warns(DeprecationWarning, match=r"pass encoding_options=\{'jpeg_quality': 90\}"):
+        old = xp.to_precomputed(da, str(tmp_path / "old"), encoding="jpeg", chunk_size=(8, 8, 8),
+                                jpeg_quality=90)
+    assert old.scales[0].extra["jpeg_quality"] == new.scales[0].extra["jpeg_quality"] == 90
+    assert scale_files(tmp_path / "old") == scale_files(tmp_path / "new")
+    # an option of another encoding is ignored, as the keyword always was
+    with pytest.warns(DeprecationWarning, match="png_level"):
+        raw = xp.to_precomputed(da, str(tmp_path / "raw"), encoding="raw", png_level=9)
+    assert "png_level" not in raw.scales[0].extra
+    with pytest.warns(DeprecationWarning, match="pass num_workers="):
+        xp.to_precomputed(da, str(tmp_path / "raw"), encoding="raw", max_workers=1)
+    check_readers(tmp_path / "raw", data, 0)
+    with pytest.raises(ArgumentError, match="jpeg_quality is given twice"), \
+            pytest.warns(DeprecationWarning):
+        xp.to_precomputed(da, str(tmp_path / "x"), encoding="jpeg", jpeg_quality=80,
+                          encoding_options={"jpeg_quality": 90})
+    with pytest.raises(ArgumentError, match="give num_workers only"), pytest.warns(DeprecationWarning):
+        xp.to_precomputed(da, str(tmp_path / "x"), num_workers=2, max_workers=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunks'"):
+        xp.to_precomputed(da, str(tmp_path / "x"), chunks=(8, 8, 8))
+
+
+def test_progress_true_draws_a_bar_on_stderr_as_to_ome_zarr_does(tmp_path, capsys):
+    da = make_da(oracle.make_data((16, 16, 8, 1), "uint8", 1), name="image")
+    xp.to_precomputed(da, str(tmp_path / "v"), chunk_size=(8, 8, 8), progress=True)
+    err = capsys.readouterr().err
+    assert "writing 1_1_1" in err and "4/4" in err, err
+    xp.to_precomputed(da, str(tmp_path / "w"), chunk_size=(8, 8, 8), progress=False)
+    assert capsys.readouterr().err == ""
 
 
 class _Counts(writer.WriteProgress):

@@ -30,7 +30,7 @@ class _Killed(Exception):
 def test_resume_after_interrupted_write(tmp_path, monkeypatch, sharding):
     data = oracle.labels((48, 40, 12, 1), 13)
     kw = dict(encoding="compressed_segmentation", chunk_size=(8, 8, 4), sharding=sharding,
-              shard_bytes=8 * 8 * 4 * 8 * 8, max_workers=1)
+              shard_bytes=8 * 8 * 4 * 8 * 8, num_workers=1)
     ref = tmp_path / "ref"
     xp.to_precomputed(make_da(data), str(ref), **kw)
     want = scale_files(ref)

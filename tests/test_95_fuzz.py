@@ -322,6 +322,10 @@ def _run_child(target: str, root: Path, n: int, arg: str = "") -> dict:
     assert proc.returncode == 0, (
         f"fuzz child {target} {arg} failed with exit code {proc.returncode}"
         f"{' (killed by signal %d)' % -proc.returncode if proc.returncode < 0 else ''}:\n{tail}")
+    caps = [ln.split(" ", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("FUZZ-MEMORY ")]
+    capped = (caps == ["asan"] if under_address_sanitizer() else
+              len(caps) == 1 and caps[0].startswith("rlimit ") and 0 < int(caps[0][7:]) <= CHILD_MEMORY)
+    assert capped, f"fuzz child {target} {arg} ran without its memory cap: {caps}\n{tail}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FUZZ-RESULT ")]
     assert lines, tail
     return json.loads(lines[-1][len("FUZZ-RESULT "):])
@@ -330,6 +334,24 @@ def _run_child(target: str, root: Path, n: int, arg: str = "") -> dict:
 def _check_summary(res: dict, n: int) -> None:
     assert res["cases"] >= n, res
     assert res["errors"] > 0 and res["results"] > 0, f"the mutations should hit both outcomes: {res}"
+
+
+def test_the_fuzz_child_cannot_allocate_past_its_cap():
+    """The cap the fuzz children run under holds: an allocation of CHILD_MEMORY fails in the child
+    (MemoryError), where the parent, uncapped, could make it."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_95_fuzz as f; "
+            "print(f._limit_memory());\ntry:\n    bytearray(f.CHILD_MEMORY)\n"
+            "except MemoryError:\n    print('MemoryError')")
+    env = dict(os.environ)
+    if under_address_sanitizer():
+        env["ASAN_OPTIONS"] = ":".join(filter(None, (env.get("ASAN_OPTIONS"), CHILD_ASAN_OPTIONS)))
+    proc = subprocess.run([sys.executable, "-c", code, str(HERE)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tempfile.gettempdir())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "MemoryError", proc.stdout
+    if not under_address_sanitizer():
+        assert lines[0] == f"rlimit {CHILD_MEMORY}", lines
 
 
 # The fuzz loops (minutes) run in CI (`-m slow_ci`); the guards above run by default.
@@ -369,18 +391,23 @@ class _Stats:
     cases = errors = results = 0
 
 
-def _limit_memory() -> None:
+def _limit_memory() -> str:
+    """Cap the child's memory, or fail: a case that allocates without bound must stop the child,
+    never the machine. Returns how it is capped (the parent checks it)."""
     if under_address_sanitizer():
         # AddressSanitizer reserves terabytes of address space for its shadow memory, so an
         # address-space limit stops the child before it starts; its options bound the memory
         # instead (CHILD_ASAN_OPTIONS, set by the parent).
-        return
-    try:
-        import resource
+        return "asan"
+    import resource  # POSIX; the fuzz runs need it (missing, the child fails)
 
-        resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
-    except (ImportError, ValueError, OSError):
-        pass
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = CHILD_MEMORY if hard == resource.RLIM_INFINITY else min(CHILD_MEMORY, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    got = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if got == resource.RLIM_INFINITY or got > CHILD_MEMORY:
+        raise RuntimeError(f"the fuzz child's address space is not capped (RLIMIT_AS {got})")
+    return f"rlimit {got}"
 
 
 def under_address_sanitizer() -> bool:
@@ -401,7 +428,7 @@ def child_main(target: str, root: str, n: str, arg: str = "") -> None:
 
     faulthandler.enable()
     faulthandler.dump_traceback_later(CHILD_TIMEOUT, exit=True)
-    _limit_memory()
+    print(f"FUZZ-MEMORY {_limit_memory()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f"xp-fuzz-{target}-"))
     print(f"FUZZ-WORK {work}", flush=True)  # kept, with the case in CURRENT, if the child dies
     try:

@@ -313,3 +313,26 @@ def test_closed_pipe_is_quiet(volume):
     err = proc.stderr.read().decode()
     rc = proc.wait(timeout=120)
     assert rc == 141 and err == "", (rc, err)
+
+
+def test_convert_to_precomputed_rewrites_name_what_differs_and_overwrite_drops_stale_scales(
+        volume, tmp_path, capsys):
+    dst = tmp_path / "p"
+    cli(capsys, "convert", volume, dst, "--to", "precomputed", "--no-progress", "--workers", "1")
+    keys = [s["key"] for s in read_info(dst)["scales"]]
+    assert keys == ["4_4_40", "8_8_80"]
+    # scale 0 again with another chunk size: refused, naming it
+    err = cli(capsys, "convert", volume, dst, "--to", "precomputed", "--scale", "0",
+              "--chunk-size", "4", "4", "4", code=1)[1]
+    assert "another chunk_size: [8, 8, 4] in the info, [4, 4, 4] now" in err, err
+    # the same parameters: scale 1 would go stale, so refused without --overwrite ...
+    err = cli(capsys, "convert", volume, dst, "--to", "precomputed", "--scale", "0", code=1)[1]
+    assert "lists scales ['8_8_80'], coarser than scale '4_4_40'" in err, err
+    assert [s["key"] for s in read_info(dst)["scales"]] == keys
+    # ... and with it dropped from the info, saying so
+    proc = run("convert", volume, dst, "--to", "precomputed", "--scale", "0", "--chunk-size",
+               "4", "4", "4", "--overwrite", "--no-progress")
+    assert proc.stderr.startswith("warning: overwrite=True: ") and len(proc.stderr.splitlines()) == 1
+    assert "no longer lists scales ['8_8_80']" in proc.stderr, proc.stderr
+    assert [s["key"] for s in read_info(dst)["scales"]] == ["4_4_40"]
+    np.testing.assert_array_equal(ts_read(dst, 0), ts_read(volume, 0))

@@ -12,6 +12,7 @@ from .errors import (
     CodecUnavailableError,
     CorruptChunkError,
     DependencyError,
+    ExportArgumentError,
     ExportError,
     HugeGraphWarning,
     InfoError,
@@ -20,15 +21,15 @@ from .errors import (
     PrecomputedError,
     ScaleNotFoundError,
     ShardFormatError,
+    StaleScalesWarning,
     StorageError,
     URLError,
+    WriterArgumentError,
     WriterError,
 )
 from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
 from .reading.missing import MissingCount
-from .reading.volume import ScaleReader, Volume, open_volume
-
-__version__ = "0.1.0"
+from .reading.volume import ScaleReader, Volume
 
 # Writers load on first use: reading needs neither them nor zarr.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
@@ -37,19 +38,37 @@ _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precompu
          "to_segment_properties": ".writing.segment_properties"}
 
 
+def _version() -> str:
+    # the installed distribution's; a source tree on sys.path that was never installed has none
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xarray-precomputed")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name == "__version__":  # read from the package metadata when first asked (a few ms)
+        globals()["__version__"] = v = _version()
+        return v
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily loaded names too, so tab completion offers them
+    return sorted(set(globals()) | set(__all__))
 
 __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
-    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
-    "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
-    "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
-    "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties",
-    "Context",
+    "DependencyError", "ExportArgumentError", "ExportError", "HugeGraphWarning", "InfoError",
+    "MissingChunkError", "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError",
+    "ShardFormatError", "StaleScalesWarning", "StorageError", "URLError", "WriterArgumentError",
+    "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
+    "Volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
+    "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties", "Context",
 ]

@@ -6,9 +6,9 @@
 
 `--scale` picks scales by index in the info's `scales` list (or by key); converted arrays keep the
 source index in their name (`s<K>`). Missing source chunks are read as 0 and counted in the
-report (`--no-fill-missing` stops at the first instead). Errors are one line on stderr, never a
-traceback (`--traceback` shows it). Exit status: 0 success, 1 a reported error, 2 bad usage,
-130 interrupted, 141 the output pipe was closed (`| head`).
+report (`--no-fill-missing` stops at the first instead). Errors and warnings are one line on
+stderr, never a traceback (`--traceback` shows it). Exit status: 0 success, 1 a reported error,
+2 bad usage, 130 interrupted, 141 the output pipe was closed (`| head`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 ENGINES = ("precomputed", "dvid_arrow")
@@ -270,55 +271,32 @@ def _missing_line(count, scheduler: str | None) -> str:
             "stops at the first instead)")
 
 
-class _WriteReport:
-    """Progress bar and summary of `convert --to precomputed`: a `writing.progress.WriteProgress`
-    (duck-typed, so that `info` does not import the writer)."""
+class _WriteSummary:
+    """What `convert --to precomputed` prints when done: per scale the objects planned, written
+    and already complete, and the bytes stored; told by the writer as a `WriteProgress` (made in
+    `_write_report`, so that `info` does not import the writer), with the bar on stderr."""
 
-    def __init__(self, show: bool):
-        self.show = show
+    def __init__(self, bar):
+        self.bar = bar  # a writing.progress.ProgressBar, or None
         self.scales: list[dict] = []
         self.t0 = time.perf_counter()
-        self.bar: Any = None
-        self.done = self.total = 0
 
     def planned(self, key: str, unit: str, todo: int, complete: int) -> None:
         self.scales.append({"key": key, "unit": unit, "todo": todo, "complete": complete,
                             "written": 0, "bytes": 0})
-        if not self.show:
-            return
-        self.close_bar()
-        self.done, self.total = 0, todo
-        try:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=todo, unit=unit[:-1], desc=f"writing {key}", file=sys.stderr)
-        except ImportError:
-            self.bar = None
-            self._line(key, unit)
+        if self.bar is not None:
+            self.bar.planned(key, unit, todo, complete)
 
     def wrote(self, done: int, objects: int, nbytes: int) -> None:
         s = self.scales[-1]
         s["written"] += objects
         s["bytes"] += nbytes
-        if not self.show:
-            return
-        self.done += done
         if self.bar is not None:
-            self.bar.update(done)
-        else:
-            self._line(s["key"], s["unit"])
-
-    def _line(self, key: str, unit: str) -> None:
-        sys.stderr.write(f"\rwriting {key}: {self.done}/{self.total} {unit}, "
-                         f"{time.perf_counter() - self.t0:.0f} s")
-        sys.stderr.flush()
+            self.bar.wrote(done, objects, nbytes)
 
     def close_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()
-            self.bar = None
-        elif self.show and self.scales:
-            sys.stderr.write("\n")
 
     def summary(self, dst: str) -> str:
         seconds = time.perf_counter() - self.t0
@@ -331,6 +309,15 @@ class _WriteReport:
         if seconds > 0 and total:
             lines.append(f"  {_human(total)} stored, {total / seconds / 1e6:.1f} MB/s")
         return "\n".join(lines)
+
+
+def _write_report(show: bool):
+    from .writing.progress import ProgressBar, WriteProgress
+
+    class WriteReport(_WriteSummary, WriteProgress):
+        pass
+
+    return WriteReport(ProgressBar() if show else None)
 
 
 def cmd_convert(args) -> int:
@@ -371,15 +358,14 @@ def cmd_convert(args) -> int:
         obj = tree[names[0]].to_dataset() if len(names) == 1 else \
             type(tree).from_dict({"/": tree.to_dataset(inherit=False),
                                   **{f"/{n}": tree[n].to_dataset() for n in names}})
-    written = _WriteReport(sys.stderr.isatty() if args.progress is None else args.progress)
+    written = _write_report(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
         to_precomputed(obj, args.dst, encoding=args.encoding, chunk_size=args.chunk_size,
                        sharding=args.sharding,
                        compressed_segmentation_block_size=args.cseg_block_size,
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
-                       max_workers=args.workers, coarser_scales=args.coarser_scales,
-                       progress=written,  # type: ignore[arg-type]
-                       encoding_options=args.encoding_options)
+                       num_workers=args.workers, coarser_scales=args.coarser_scales,
+                       progress=written, encoding_options=args.encoding_options)
     finally:
         written.close_bar()
     print(written.summary(args.dst))
@@ -432,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dvid_arrow: which labels to read")
     c.add_argument("--overwrite", action="store_true",
                    help="replace the destination instead of resuming it")
-    c.add_argument("--workers", type=int, default=None, help="worker threads (processes)")
+    c.add_argument("--workers", type=int, default=None,
+                   help="worker threads (processes with --scheduler processes); default the CPUs")
     c.add_argument("--no-fill-missing", dest="fill_missing", action="store_false",
                    help="stop with an error at the first chunk absent from the source (default: "
                         "read it as 0 and count it in the report)")
@@ -463,15 +450,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: keep the source's; 'auto' chooses parameters, 'none' writes "
                          "unsharded, or a neuroglancer_uint64_sharded_v1 spec as JSON (or file)")
     pc.add_argument("--cseg-block-size", type=int, nargs=3, metavar=("X", "Y", "Z"))
-    pc.add_argument("--coarser-scales", choices=("refuse", "keep", "drop"), default="refuse",
+    pc.add_argument("--coarser-scales", choices=("refuse", "keep", "drop"), default=None,
                     help="scales the destination lists that are coarser than the finest one "
                          "written and are not written now (made from the data being replaced): "
-                         "refuse (default), keep them, or drop them from the info")
+                         "refuse, keep them, or drop them from the info (default: drop with "
+                         "--overwrite, saying so; else refuse)")
     pc.add_argument("--encoding-options", type=_json_arg, default=None, metavar="JSON",
-                    help='the encoding\'s own options, e.g. \'{"zfpc_tolerance": 0.01}\' '
-                         '(zfpc_rate, zfpc_precision, zfpc_correlated_dims, fpzip_precision)')
+                    help='the encoding\'s own options, e.g. \'{"jpeg_quality": 90}\' '
+                         '(png_level, zfpc_tolerance, zfpc_rate, zfpc_precision, '
+                         'zfpc_correlated_dims, fpzip_precision)')
     c.set_defaults(func=cmd_convert)
     return p
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # one line, as errors are: what happened, not where in the package it was said
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -480,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except BrokenPipeError:
         # `... | head` closed our stdout: stop quietly, and keep Python's exit-time flush of the
         # dead pipe from printing another error.

@@ -103,6 +103,12 @@ class WriterArgumentError(ArgumentError, WriterError):
     """A writer argument of the wrong type or value (an ArgumentError and a WriterError)."""
 
 
+class StaleScalesWarning(UserWarning):
+    """`to_precomputed(overwrite=True)` dropped from the info the scales coarser than those it
+    wrote (made from the data it replaced; their objects stay in storage). `coarser_scales=`
+    chooses otherwise."""
+
+
 class ExportArgumentError(ArgumentError, ExportError):
     """An export argument of the wrong type or value (an ArgumentError and an ExportError)."""
 

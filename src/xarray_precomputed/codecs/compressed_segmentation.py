@@ -37,6 +37,9 @@ from .._native import load
 from ..errors import CorruptChunkError, WriterError
 from . import cseg_fallback
 
+# the format's block size where a scale gives none (TensorStore's and Neuroglancer's default)
+DEFAULT_BLOCK_SIZE = (8, 8, 8)
+
 # The C decoder and encoder, or their exact numpy fallbacks (same functions, same errors).
 _cseg = load("xarray_precomputed.codecs._cseg") or cseg_fallback
 _cseg_encode = load("xarray_precomputed.codecs._cseg_encode") or cseg_fallback
@@ -67,18 +70,26 @@ def decode_into(
     out: np.ndarray,
     *,
     chunk_shape: Sequence[int],
-    block_size: Sequence[int],
+    block_size: Sequence[int] | None = None,
     origin: Sequence[int] = (0, 0, 0),
     chunk: str = "?",
     stream: bool = False,
+    scale=None,
+    dtype=None,
+    num_channels=None,
 ) -> None:
     """Decode the chunk ``data`` into ``out`` (shape ``(nx, ny, nz, num_channels)``, any strides).
 
     ``out[i, j, k, c]`` receives voxel ``(ox+i, oy+j, oz+k)`` of channel ``c`` of the chunk of
-    (possibly truncated) shape ``chunk_shape``. Corrupt bytes raise
-    :class:`CorruptChunkError` naming ``chunk``; inconsistent arguments raise ``ValueError`` /
-    ``TypeError``.
+    (possibly truncated) shape ``chunk_shape``. The block size is ``block_size``, else the
+    ``scale``'s (the registry's call, `codecs.contract.Decoder`; ``dtype`` and
+    ``num_channels`` are ``out``'s). Corrupt bytes raise :class:`CorruptChunkError` naming
+    ``chunk``; inconsistent arguments raise ``ValueError`` / ``TypeError``.
     """
+    if block_size is None:
+        if scale is None:
+            raise TypeError("decode_into needs block_size or scale")
+        block_size = scale.compressed_segmentation_block_size
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     _check_dtype(out.dtype)
@@ -155,7 +166,7 @@ def encode_channel(data: np.ndarray, block_size) -> bytes:
             f"compressed_segmentation: {exc}; use a smaller chunk size") from None
 
 
-def encode(chunk: np.ndarray, block_size) -> bytes:
+def encode(chunk: np.ndarray, block_size: Sequence[int] = DEFAULT_BLOCK_SIZE) -> bytes:
     """A whole chunk ``(sx, sy, sz, channels)`` -> the stored bytes (multi-channel wrapper: one
     offset word per channel, then each channel's stream)."""
     chunk = np.asarray(chunk)
@@ -173,7 +184,8 @@ def encode(chunk: np.ndarray, block_size) -> bytes:
     return b"".join([header.tobytes(), *streams])
 
 
-def plausible(fetch, size, *, chunk_shape, dtype, num_channels, block_size) -> bool:
+def plausible(fetch, size, *, chunk_shape, dtype, num_channels,
+              block_size: Sequence[int] = DEFAULT_BLOCK_SIZE) -> bool:
     """The channel offsets (the first is the header's own length, one word per channel; they
     increase) and the last channel's block headers (valid widths, every table and value range
     inside the channel). Truncation is caught there: this encoder stores the values of the last

@@ -45,6 +45,14 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     place_interleaved(pixels, out, chunk_shape, origin)
 
 
+
+def check_options(jpeg_quality=75) -> dict:
+    """jpeg_quality: an integer from 1 to 100 (default 75), recorded in the scale's info."""
+    v = jpeg_quality
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 100:
+        raise ValueError(f"jpeg_quality must be an integer from 1 to 100, got {v!r}")
+    return {"jpeg_quality": int(v)}
+
 def encode(chunk: np.ndarray, jpeg_quality: int = 75) -> bytes:
     """Grey for one channel, RGB without chroma subsampling for three (subsampling would blur
     one channel into its neighbours)."""

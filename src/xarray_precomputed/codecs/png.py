@@ -69,6 +69,14 @@ def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, c
     place_interleaved(pixels, out, chunk_shape, origin)
 
 
+
+def check_options(png_level=6) -> dict:
+    """png_level: an integer from 0 to 9 (default 6), recorded in the scale's info."""
+    v = png_level
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 9:
+        raise ValueError(f"png_level must be an integer from 0 to 9, got {v!r}")
+    return {"png_level": int(v)}
+
 def encode(chunk: np.ndarray, png_level: int = 6) -> bytes:
     img = image_of(np.asarray(chunk))
     return bytes(imagecodecs.png_encode(img[..., 0] if img.shape[2] == 1 else img,

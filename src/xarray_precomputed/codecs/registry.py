@@ -5,50 +5,64 @@ this table; no other list of encodings exists. Importing it loads no optional pa
 names the module holding its functions, imported on first use, so a missing decoder package turns
 into CodecUnavailableError (with the pip command) only when that encoding is read or written.
 
-A codec module provides, by these names:
+A codec module implements `contract.Decoder` (and, for writable entries, `contract.Encoder`):
 
-- `decode_into(data, out, *, chunk_shape, origin, chunk, stream=False, **params)`: the chunk's
-  voxels `[origin, origin + out.shape[:3])` into the caller's XYZC view `out`; `params` are what
-  the entry's `decode_params` takes from the scale (by default `scale`, `dtype`, `num_channels`);
+- `decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
+  stream=False)`: the chunk's voxels `[origin, origin + out.shape[:3])` into the caller's XYZC
+  view `out`;
 - `encode(chunk, **options)` (writable entries): an (x, y, z, channel) array, possibly
   edge-truncated, -> the stored bytes; `options` are the writer options listed in
-  `encode_options`;
+  `encode_options`, each with a default;
 - `plausible(fetch, size, *, chunk_shape, dtype, num_channels, **options) -> bool` (writable
   entries): whether an object of `size` bytes already stored could be the chunk of that shape,
   encoded with those options, judged from a few bytes it asks for with `fetch(ranges) ->
   list[bytes] | None` (its header, and its end where the format has an end marker). The writer's
   resume skips chunks that pass, so it must accept every chunk `encode` writes and refuse
   truncated ones and foreign heads (damage inside the coded data is not looked for: a write with
-  resume=False rewrites everything).
+  resume=False rewrites everything);
+- optionally `check_options(**options) -> dict`: the writer's `encoding_options` checked.
+
+Codecs this package does not ship register themselves as zarr's do, through an entry point of
+the group `xarray_precomputed.codecs` (`ENTRY_POINT_GROUP`) named for the encoding, whose object
+is their `Codec` entry, e.g. in a plugin's pyproject.toml:
+
+    [project.entry-points."xarray_precomputed.codecs"]
+    my_encoding = "my_package.precomputed_codec:CODEC"
+
+with `CODEC = Codec("my_encoding", "my_package.precomputed_codec", writable=True)`. The group is
+read once per process, when an encoding is not in the table or the encodings are listed (a scan
+of the installed distributions, 17-32 ms), and a plugin is imported when its encoding is first
+used; `load_entry_points()` reads the group again after an install in a running session, and
+`register()` adds an entry in code.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 
 from ..errors import CodecUnavailableError, PrecomputedError, WriterError
+from .contract import DecodeInto, Decoder, Encoder
 
-__all__ = ["Codec", "CODECS", "encoding_options", "get_codec", "register",
-           "supported_encodings", "writable_encodings"]
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
+__all__ = ["Codec", "CODECS", "ENTRY_POINT_GROUP", "encoding_options", "find_codec", "get_codec",
+           "load_entry_points", "register", "supported_encodings", "writable_encodings"]
 
-def _uniform(scale, dtype, num_channels) -> dict:
-    return {"scale": scale, "dtype": dtype, "num_channels": num_channels}
-
-
-def _cseg_params(scale, dtype, num_channels) -> dict:
-    return {"block_size": scale.compressed_segmentation_block_size}
+ENTRY_POINT_GROUP = "xarray_precomputed.codecs"
 
 
 @dataclass(frozen=True)
 class Codec:
     """One encoding. `data_types` / `channels` None means any (of the info's data types / >= 1)."""
     name: str
-    module: str                                  # module in this package with its functions
+    module: str                                  # the module with its functions (absolute name)
     data_types: tuple[str, ...] | None = None
     channels: tuple[int, ...] | None = None
     package: str | None = None                   # the optional PyPI package it needs
@@ -59,7 +73,6 @@ class Codec:
     # gzip the chunks in shards: TensorStore does, except for jpeg, whose entropy-coded bytes
     # gzip cannot shrink
     shard_gzip: bool = True
-    decode_params: Callable[[Any, Any, int], dict] = _uniform
     # Stream into results of a dask block's size (`reading.base.STREAM_RESULT_BYTES`), not only
     # into large ones: faster for the compressed_segmentation decoder's scattered z-rows, ~5%
     # slower for raw's tiled transpose (docs/design.md, "Streaming stores into 16 MiB blocks").
@@ -76,45 +89,47 @@ class Codec:
                 and (self.channels is None or num_channels in self.channels))
 
     def install_hint(self) -> str:
-        return (f"pip install 'xarray-precomputed[{self.extra}]'" if self.extra
-                else "reinstall xarray-precomputed")
+        if self.extra:
+            return f"pip install 'xarray-precomputed[{self.extra}]'"
+        if not self.module.startswith(f"{__package__}."):
+            return f"install the package that provides {self.module}"
+        return "reinstall xarray-precomputed"
 
-    def _function(self, name: str) -> Callable:
+    def _module(self) -> ModuleType:
         # no cache of our own: the import system keeps loaded modules, and a failed import is
         # retried (a package installed later in the session is found)
         try:
-            mod = importlib.import_module(f"{__package__}.{self.module}")
+            return importlib.import_module(self.module)
         except ImportError as e:
             raise CodecUnavailableError(
                 f"encoding {self.name!r} needs a package that is not installed ({e}); "
                 f"install it with: {self.install_hint()}") from None
-        return getattr(mod, name)
 
-    def decoder(self) -> Callable:
+    def implementation(self) -> Decoder:
+        """The codec module, as the contract types it (a `contract.Encoder` when writable)."""
+        return cast(Decoder, self._module())
+
+    def decoder(self) -> DecodeInto:
         """The decoder with the reader's signature `(data, out, *, chunk_shape, origin, scale,
         dtype, num_channels, chunk, stream=False)`."""
-        fn = self._function("decode_into")
-        if self.decode_params is _uniform:
-            return fn
-        params = self.decode_params
+        return self.implementation().decode_into
 
-        def decode_into(data, out, *, chunk_shape, origin, scale, dtype, num_channels, chunk,
-                        stream=False) -> None:
-            fn(data, out, chunk_shape=chunk_shape, origin=origin, chunk=chunk, stream=stream,
-               **params(scale, dtype, num_channels))
-
-        return decode_into
-
-    def _writable_function(self, name: str) -> Callable:
+    def encoder(self) -> Encoder:
         if not self.writable:
             raise WriterError(f"cannot write encoding {self.name!r}; writable: "
                               f"{writable_encodings()}")
-        return self._function(name)
+        return cast(Encoder, self._module())
+
+    def check_options(self, **options) -> dict:
+        """The writer's options for this encoding as its module's `check_options` accepts them
+        (unchanged where it has none); a refused value raises TypeError or ValueError."""
+        check: Callable[..., dict] | None = getattr(self._module(), "check_options", None)
+        return dict(options) if check is None else check(**options)
 
     def encode(self, chunk, **options) -> bytes:
         """`chunk` (x, y, z, channel) -> stored bytes. Options this encoding does not take are
         ignored, so a caller may pass every writer option."""
-        fn = self._writable_function("encode")
+        fn = cast(Callable[..., bytes], self.encoder().encode)
         chunk = np.asarray(chunk)
         if not chunk.dtype.isnative:  # encoders see values, whatever order the source kept
             chunk = chunk.astype(chunk.dtype.newbyteorder("="))
@@ -126,10 +141,14 @@ class Codec:
         `options` are the writer options it was encoded with."""
         if size <= 0:
             return False
-        fn = self._writable_function("plausible")
+        fn = cast(Callable[..., bool], self.encoder().plausible)
         return bool(fn(fetch, size, chunk_shape=tuple(int(n) for n in chunk_shape),
                        dtype=np.dtype(dtype), num_channels=int(num_channels),
                        **{k: options[k] for k in self.encode_options if k in options}))
+
+
+def _ours(name: str) -> str:
+    return f"{__package__}.{name}"
 
 
 # zfpc's lossy modes (one of tolerance, rate, precision; -1 unset) and the axes compressed together
@@ -138,34 +157,97 @@ ZFPC_OPTIONS = ("zfpc_tolerance", "zfpc_rate", "zfpc_precision", "zfpc_correlate
 # Data type and channel rules are those TensorStore and Neuroglancer enforce (see
 # shared/specs/reference-behaviour.md); jxl's and compresso's follow CloudVolume's writers.
 CODECS: dict[str, Codec] = {c.name: c for c in (
-    Codec("raw", "raw", writable=True, plain=True, batch_kind=0),
-    Codec("compressed_segmentation", "compressed_segmentation", ("uint32", "uint64"),
-          writable=True, encode_options=("block_size",), decode_params=_cseg_params,
-          streams_blocks=True, batch_kind=1),
-    Codec("jpeg", "jpeg", ("uint8",), (1, 3), package="simplejpeg", extra="jpeg",
+    Codec("raw", _ours("raw"), writable=True, plain=True, batch_kind=0),
+    Codec("compressed_segmentation", _ours("compressed_segmentation"), ("uint32", "uint64"),
+          writable=True, encode_options=("block_size",), streams_blocks=True, batch_kind=1),
+    Codec("jpeg", _ours("jpeg"), ("uint8",), (1, 3), package="simplejpeg", extra="jpeg",
           writable=True, encode_options=("jpeg_quality",), recorded_options=("jpeg_quality",),
           shard_gzip=False),
-    Codec("png", "png", ("uint8", "uint16"), (1, 2, 3, 4), package="imagecodecs", extra="png",
+    Codec("png", _ours("png"), ("uint8", "uint16"), (1, 2, 3, 4), package="imagecodecs", extra="png",
           writable=True, encode_options=("png_level",), recorded_options=("png_level",)),
-    Codec("jxl", "jxl", ("uint8",), (1, 3, 4), package="imagecodecs", extra="jxl"),
-    Codec("compresso", "compresso", ("uint8", "uint16", "uint32", "uint64"), (1,),
+    Codec("jxl", _ours("jxl"), ("uint8",), (1, 3, 4), package="imagecodecs", extra="jxl"),
+    Codec("compresso", _ours("compresso"), ("uint8", "uint16", "uint32", "uint64"), (1,),
           package="compresso", extra="compresso"),
     # CloudVolume's own encodings (TensorStore reads none): CloudVolume is the reference, and its
     # writer's choices are followed -- crackle chunks gzip-compressed in shards, the float ones not
-    Codec("crackle", "crackle", ("uint8", "uint16", "uint32", "uint64"), (1,),
+    Codec("crackle", _ours("crackle"), ("uint8", "uint16", "uint32", "uint64"), (1,),
           package="crackle-codec", extra="crackle", writable=True),
-    Codec("fpzip", "fpzip", ("float32",), package="fpzip", extra="fpzip",
+    Codec("fpzip", _ours("fpzip"), ("float32",), package="fpzip", extra="fpzip",
           writable=True, encode_options=("fpzip_precision",),
           recorded_options=("fpzip_precision",), shard_gzip=False),
-    Codec("kempressed", "kempressed", ("float32",), package="fpzip",
+    Codec("kempressed", _ours("kempressed"), ("float32",), package="fpzip",
           extra="kempressed", writable=True, shard_gzip=False),
-    Codec("zfpc", "zfpc", ("float32",), package="zfpc", extra="zfpc", writable=True,
+    Codec("zfpc", _ours("zfpc"), ("float32",), package="zfpc", extra="zfpc", writable=True,
           encode_options=ZFPC_OPTIONS, recorded_options=ZFPC_OPTIONS, shard_gzip=False),
 )}
 
 
+def _load_entry_point(ep) -> Codec:
+    try:
+        codec = ep.load()
+    except Exception as e:  # noqa: BLE001 - a broken plugin is reported, whatever it raised
+        raise CodecUnavailableError(
+            f"encoding {ep.name!r}: its entry point {ep.value!r} (group {ENTRY_POINT_GROUP!r}) "
+            f"does not load: {type(e).__name__}: {e}") from None
+    if not isinstance(codec, Codec) or codec.name != ep.name:
+        raise PrecomputedError(
+            f"entry point {ep.name!r} = {ep.value!r} (group {ENTRY_POINT_GROUP!r}) must be a "
+            f"Codec named {ep.name!r}, got {codec!r}")
+    return codec
+
+
+_installed: dict[str, EntryPoint] | None = None  # the group's entry points, read once
+_reported: set[str] = set()  # broken plugins already warned of when listing
+
+
+def load_entry_points() -> list[str]:
+    """Read the installed plugins' entry points again (done once per process on first need; call
+    this after installing a plugin in a running session); returns their encodings' names."""
+    # imported here: importlib.metadata costs ~12 ms, a tenth of importing this package
+    from importlib.metadata import entry_points
+
+    global _installed
+    _installed = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    _reported.clear()
+    return sorted(_installed)
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    if _installed is None:
+        load_entry_points()
+    assert _installed is not None
+    return _installed
+
+
+def _all() -> dict[str, Codec]:
+    """The table with every installed plugin's entry in it; a broken plugin warns (once) and is
+    left out, so that it does not stop the other encodings from being read or written."""
+    for name, ep in _plugins().items():
+        if name in CODECS or name in _reported:
+            continue
+        try:
+            CODECS[name] = _load_entry_point(ep)
+        except PrecomputedError as e:
+            _reported.add(name)
+            warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+    return CODECS
+
+
+def find_codec(encoding: object) -> Codec | None:
+    """The entry of `encoding`, from the table or else an installed plugin (a broken one raises,
+    naming it); None if neither has it."""
+    if not isinstance(encoding, str):
+        return None
+    codec = CODECS.get(encoding)
+    if codec is None:
+        ep = _plugins().get(encoding)
+        if ep is not None:
+            codec = CODECS[encoding] = _load_entry_point(ep)
+    return codec
+
+
 def get_codec(encoding: str) -> Codec:
-    codec = CODECS.get(encoding) if isinstance(encoding, str) else None
+    codec = find_codec(encoding)
     if codec is None:
         raise PrecomputedError(f"no codec for encoding {encoding!r}; "
                                f"supported: {supported_encodings()}")
@@ -173,22 +255,25 @@ def get_codec(encoding: str) -> Codec:
 
 
 def register(codec: Codec) -> None:
-    """Add or replace an encoding (for extensions and tests)."""
+    """Add or replace an encoding (for extensions and tests; an installed plugin registers
+    itself through an entry point of the group `ENTRY_POINT_GROUP` instead)."""
+    if not isinstance(codec, Codec):
+        raise PrecomputedError(f"register takes a Codec, got {type(codec).__name__}")
     CODECS[codec.name] = codec
 
 
 def supported_encodings() -> list[str]:
-    return sorted(CODECS)
+    return sorted(_all())
 
 
 def encoding_options(scale) -> dict:
     """The options of a scale's encoding that its info records (the entry's `recorded_options`
     present among the scale's other members), e.g. {"zfpc_tolerance": 0.01}."""
-    codec = CODECS.get(scale.encoding)
+    codec = find_codec(scale.encoding)
     extra = getattr(scale, "extra", None) or {}
     return {k: extra[k] for k in (codec.recorded_options if codec else ()) if k in extra}
 
 
 def writable_encodings() -> list[str]:
     """Writable encodings, in table order."""
-    return [c.name for c in CODECS.values() if c.writable]
+    return [c.name for c in _all().values() if c.writable]

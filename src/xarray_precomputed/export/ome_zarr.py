@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ExportError
+from ..errors import ExportArgumentError, ExportError
 from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
 from .ome_metadata import ome_attrs
@@ -93,6 +93,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     t0 = time.perf_counter()
     if verify not in ("checksum", "size"):
         raise ExportError(f"verify must be 'checksum' or 'size', got {verify!r}")
+    if progress is not None and not isinstance(progress, bool):
+        raise ExportArgumentError(f"progress must be True, False or None, got {progress!r}")
     own_volume = None  # the precomputed volume opened here, whose stored chunks may stream
     if isinstance(obj, (str, os.PathLike)):
         import xarray as xr
@@ -164,7 +166,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
                     pending.append((s, st, c))
             records[s.name] = good
 
-    show = sys.stderr.isatty() if progress is None else bool(progress)
+    show = sys.stderr.isatty() if progress is None else progress
     bar = Progress(len(pending)) if show and pending else None
     prefix = f"xp-shard-{uuid.uuid4().hex}"
     dask_sources = {s.name: _dask_blocks(s) for s, _ in states

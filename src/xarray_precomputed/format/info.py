@@ -12,8 +12,8 @@ from typing import Any, Mapping, Sequence, TypeGuard
 
 import numpy as np
 
-from ..codecs.registry import CODECS
-from ..errors import InfoError, PrecomputedError, ScaleNotFoundError
+from ..codecs.registry import find_codec, supported_encodings
+from ..errors import ArgumentError, InfoError, ScaleNotFoundError
 
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
 
@@ -42,8 +42,21 @@ def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(d))
 
 
+class _PicklesExtra:
+    """Pickling for the frozen info classes: their read-only `extra` travels as a dict (a
+    mappingproxy does not pickle), so volumes and readers can go to dask workers and processes."""
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["extra"] = dict(state["extra"])
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, extra=_frozen(state["extra"]))
+
+
 @dataclass(frozen=True)
-class ShardingSpec:
+class ShardingSpec(_PicklesExtra):
     preshift_bits: int
     hash: str
     minishard_bits: int
@@ -103,7 +116,7 @@ class ShardingSpec:
 
 
 @dataclass(frozen=True)
-class ScaleInfo:
+class ScaleInfo(_PicklesExtra):
     index: int
     key: str            # as written in the info
     path: str           # key resolved against the dataset root ('' is the root itself)
@@ -139,7 +152,7 @@ class ScaleInfo:
 
 
 @dataclass(frozen=True)
-class VolumeInfo:
+class VolumeInfo(_PicklesExtra):
     type: str
     data_type: str
     num_channels: int
@@ -183,7 +196,7 @@ class VolumeInfo:
             raise ScaleNotFoundError(
                 f"no scale with resolution {tuple(which)}; resolutions are "
                 f"{[s.resolution for s in self.scales]}")
-        raise PrecomputedError(f"scale must be an index, a key or a resolution triple, got {which!r}")
+        raise ArgumentError(f"scale must be an index, a key or a resolution triple, got {which!r}")
 
 
 
@@ -265,9 +278,9 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
                             f"{MAX_CHUNK_BYTES}-byte limit", field="chunk_sizes", scale=name)
 
     encoding = obj.get("encoding")
-    codec = CODECS.get(encoding) if isinstance(encoding, str) else None
+    codec = find_codec(encoding)
     if codec is None or not isinstance(encoding, str):
-        raise InfoError(f"unknown encoding {encoding!r}; known: {sorted(CODECS)}",
+        raise InfoError(f"unknown encoding {encoding!r}; known: {supported_encodings()}",
                         field="encoding", scale=name)
     if codec.data_types is not None and data_type not in codec.data_types:
         raise InfoError(f"encoding {encoding!r} needs data_type in {list(codec.data_types)}, "

@@ -448,6 +448,3 @@ def _no_info(url: str, store, storage_options, context=None) -> StorageError:
     return StorageError("no 'info' file: not a precomputed volume (pass the directory that holds "
                         f"the info file{looked})", url=where)
 
-
-def open_volume(url: str, **kwargs) -> Volume:
-    return Volume.open(url, **kwargs)

@@ -13,7 +13,7 @@ compression): its other files are fetched whole at once, without the ranged requ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..util import single_flight
 
@@ -96,3 +96,20 @@ class EncodedObjects:
         self.learn(key)
         hit = self.whole(key, fetch_whole)
         return None if hit is None else cut(hit, ranges)
+
+
+class EncodedRanges:
+    """`read_ranges` of a remote store (mixed in before `Store`): the ranges of a Content-Encoded
+    object are cut from the whole decoded object (`EncodedObjects.read_ranges`), the others are
+    the store's own `_read_ranges`."""
+
+    _encoded: EncodedObjects
+
+    if TYPE_CHECKING:  # the store's own (declared here for the type checker only)
+        def read(self, key: str, *, limit: int | None = None) -> bytes | None: ...
+
+        def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Any: ...
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
+        return self._encoded.read_ranges(key, ranges, lambda: self._read_ranges(key, ranges),
+                                         lambda: self.read(key))

@@ -13,7 +13,7 @@ from ..errors import DependencyError, PermissionDeniedError, StorageError
 from .base import Store, coalesce, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response, too_large
 from .cloud_clients import GcsMedia, s3_get
-from .encoded_objects import EncodedAnswer, EncodedObjects
+from .encoded_objects import EncodedAnswer, EncodedObjects, EncodedRanges
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .retry import retry_each, status_of, with_retries
 
@@ -23,7 +23,7 @@ READ_PIECE_BYTES = 1 << 20
 REMOTE_COALESCE_GAP = 1 << 16
 
 
-class FsspecStore(Store):
+class FsspecStore(EncodedRanges, Store):
     def __init__(self, url: str, storage_options: dict | None = None):
         import fsspec
 
@@ -260,11 +260,6 @@ class FsspecStore(Store):
                                         return_exceptions=True)
 
         return sync(self.fs.loop, gather)
-
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
-        # An object stored with a Content-Encoding is read whole and decoded (encoded_objects).
-        return self._encoded.read_ranges(key, ranges, lambda: self._read_ranges(key, ranges),
-                                         lambda: self.read(key))
 
     def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)

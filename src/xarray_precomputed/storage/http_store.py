@@ -21,7 +21,7 @@ from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
 from .base import Store, coalesce, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response
-from .encoded_objects import EncodedAnswer, EncodedObjects
+from .encoded_objects import EncodedAnswer, EncodedObjects, EncodedRanges
 from .encodings import accepted_encodings, decode_content, is_encoded
 from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
 
@@ -86,7 +86,7 @@ def _close_sessions() -> None:
         pass
 
 
-class HttpStore(Store):
+class HttpStore(EncodedRanges, Store):
     batches_reads = True
     # A Content-Encoding'd body may decode to at most this many bytes.
     max_decoded_bytes = 1 << 30
@@ -211,11 +211,6 @@ class HttpStore(Store):
             if isinstance(v, BaseException):
                 raise self._fail(key, v) from v
         return got
-
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
-        # An object stored with a Content-Encoding is read whole and decoded (encoded_objects).
-        return self._encoded.read_ranges(key, ranges, lambda: self._read_ranges(key, ranges),
-                                         lambda: self.read(key))
 
     def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)

@@ -30,23 +30,24 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
-from ..errors import WriterError
+from ..errors import WriterArgumentError, WriterError
 from ..format.info import DATA_TYPES, VolumeInfo
 from ..kvstore.shard_files import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
 from . import progress as write_progress
-from .encoding_options import check_encoding_options, record_options
+from .encoding_options import DEPRECATED_KEYWORDS, check_encoding_options, record_options
 from .geometry import InputScale, input_scales
 from .plan import write_scale
-from .progress import WriteProgress
+from .progress import ProgressBar, WriteProgress, sink_of
 from .scale_info import choose_sharding, int_option, merge_info, scale_json
 from .shard_file import build_shard
 from .target import DEFAULT_BLOCK_SIZE, Target, encode_chunk
 
-__all__ = ["to_precomputed", "WriteProgress", "choose_sharding", "encode_chunk", "build_shard",
-           "WriterError"]
+__all__ = ["to_precomputed", "WriteProgress", "ProgressBar", "choose_sharding", "encode_chunk",
+           "build_shard", "WriterError"]
 
 # sharding="auto": uncompressed bytes per shard the choice aims at (TensorStore's
 # write_chunk "elements" target, expressed in bytes of voxels).
@@ -68,15 +69,14 @@ def _scales_of(obj, *, variable=None, resolution=None, voxel_offset=None) -> lis
 
 def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=None,
                    sharding: Any = None, compressed_segmentation_block_size=None,
-                   storage_options: dict | None = None, volume_type: str | None = None,
-                   variable: str | None = None, resolution=None, voxel_offset=None,
-                   key: str | None = None, jpeg_quality: int = 75, png_level: int = 6,
+                   encoding_options: dict | None = None, storage_options: dict | None = None,
+                   volume_type: str | None = None, variable: str | None = None,
+                   resolution=None, voxel_offset=None, key: str | None = None,
                    gzip_level: int = 6, shard_bytes: int = DEFAULT_SHARD_BYTES,
-                   write_empty_chunks: bool = True, resume: bool | str = "auto", overwrite: bool = False,
-                   block_bytes: int = DEFAULT_BLOCK_BYTES,
-                   max_workers: int | None = None, coarser_scales: str = "refuse",
-                   progress: WriteProgress | None = None,
-                   encoding_options: dict | None = None) -> VolumeInfo:
+                   write_empty_chunks: bool = True, resume: bool | str = "auto",
+                   overwrite: bool = False, coarser_scales: str | None = None,
+                   block_bytes: int = DEFAULT_BLOCK_BYTES, num_workers: int | None = None,
+                   progress: bool | WriteProgress | None = None, **deprecated) -> VolumeInfo:
     """Write `obj` as a Neuroglancer precomputed volume at `url`; returns the written info.
 
     obj: a DataArray or Dataset (one scale) or a DataTree (every node holding data is a scale,
@@ -84,15 +84,20 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         resolution and voxel offset come from the coordinates (voxel centres in nm, the
         reader's convention) unless `resolution` / `voxel_offset` are given.
     encoding: "raw", "compressed_segmentation", "jpeg", "png", or CloudVolume's "crackle"
-        (labels), "fpzip", "kempressed", "zfpc" (float32); None keeps the source's
-        encoding (the variable's .encoding, as engine="precomputed" fills it) when writable, else
-        compressed_segmentation for uint32/uint64 segmentations and raw otherwise.
+        (labels), "fpzip", "kempressed", "zfpc" (float32), or a plugin's; None keeps the
+        source's encoding (the variable's .encoding, as engine="precomputed" fills it) when
+        writable, else compressed_segmentation for uint32/uint64 segmentations and raw otherwise.
     chunk_size: (x, y, z); None keeps the source's, else 64³ (clipped to the volume).
     sharding: None keeps the source's spec (same size) or writes unsharded; False/"none" writes
         unsharded; "auto" chooses parameters as TensorStore does for a new volume whose write
         chunk is about `shard_bytes` of voxels (identity hash, preshift ≤ 9, aligned box
         shards); or an explicit spec (dict or ShardingSpec).
     compressed_segmentation_block_size: default the source's, else (8, 8, 8).
+    encoding_options: every option of the encoding's own, by the name a scale's info records it
+        under: jpeg's `jpeg_quality` (1-100, default 75), png's `png_level` (0-9, default 6),
+        zfpc's `zfpc_tolerance`, `zfpc_rate` or `zfpc_precision` (one of them: lossy; none:
+        lossless) and `zfpc_correlated_dims`, fpzip's `fpzip_precision`. Recorded in the info.
+        (The keywords `jpeg_quality=` and `png_level=` still work, with a DeprecationWarning.)
     volume_type: "image" or "segmentation" (default: the source's, else segmentation for
         uint32/uint64 as TensorStore).
     write_empty_chunks: False skips chunks that are all zero (readers fill them with 0).
@@ -101,28 +106,31 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         rewrites scales it lists (a finished write, perhaps of other data); True skips valid
         objects in every case, False never.
     overwrite: replace a scale whose parameters differ from the existing info's (objects it
-        does not rewrite stay).
+        does not rewrite stay). Without it such a write is refused, naming the arguments that
+        differ.
     coarser_scales: what becomes of scales the destination's info lists that are coarser than
         the finest scale written and are not written themselves (they were computed from data
-        this write replaces): "refuse" (the default) raises WriterError naming them, "drop"
-        removes them from the info (their objects stay in storage), "keep" leaves them listed.
-    progress: a `WriteProgress` told what is planned and written, as it happens (the CLI's
-        progress bar and summary).
-    encoding_options: the encoding's own options, as CloudVolume names them in a scale's info:
-        zfpc's `zfpc_tolerance`, `zfpc_rate` or `zfpc_precision` (one of them: lossy; none:
-        lossless) and `zfpc_correlated_dims`; fpzip's `fpzip_precision`. Recorded in the info.
+        this write replaces): "refuse" raises WriterError naming them, "drop" removes them from
+        the info (their objects stay in storage), "keep" leaves them listed. None (default):
+        "drop" with overwrite=True, saying so with a StaleScalesWarning; "refuse" without.
+    num_workers: threads encoding and writing (default: the CPUs); dask input is written by
+        dask's scheduler. (`max_workers=` still works, with a DeprecationWarning.)
+    progress: a progress bar on stderr per scale; None (default) only when stderr is a
+        terminal, as `to_ome_zarr`'s. A `WriteProgress` is told what is planned and written
+        instead (the CLI's bar and summary).
     """
+    legacy, num_workers = _deprecated_keywords(deprecated, num_workers)
     try:
         url = strip_scheme_prefix(str(os.fspath(url)))
     except TypeError:
-        raise WriterError(f"url must be a path or URL string, got {type(url).__name__}") from None
-    jpeg_quality = int_option("jpeg_quality", jpeg_quality, 1, 100)
-    png_level = int_option("png_level", png_level, 0, 9)
+        raise WriterArgumentError(f"url must be a path or URL string, got {type(url).__name__}"
+                                  ) from None
     gzip_level = int_option("gzip_level", gzip_level, 0, 9)
     shard_bytes = int_option("shard_bytes", shard_bytes, 1)
     block_bytes = int_option("block_bytes", block_bytes, 1)
-    if max_workers is not None:
-        max_workers = int_option("max_workers", max_workers, 1)
+    if num_workers is not None:
+        num_workers = int_option("num_workers", num_workers, 1)
+    sink = sink_of(progress)
     scales = _scales_of(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)
     first = scales[0]
     for other in scales[1:]:
@@ -133,14 +141,14 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     dt = first.dtype.name
     vtype = volume_type or first.vtype or ("segmentation" if dt in ("uint32", "uint64") else "image")
     if vtype not in ("image", "segmentation"):
-        raise WriterError(f"volume_type must be 'image' or 'segmentation', got {vtype!r}")
+        raise WriterArgumentError(f"volume_type must be 'image' or 'segmentation', got {vtype!r}")
     if len(scales) > 1 and key is not None:
-        raise WriterError("key= names one scale; a DataTree's scale keys come from resolutions")
+        raise WriterArgumentError("key= names one scale; a DataTree's scale keys come from "
+                                  "resolutions")
     sjson = [scale_json(s, vtype=vtype, encoding=encoding, chunk_size=chunk_size,
                         block_size=compressed_segmentation_block_size, sharding=sharding,
-                        shard_bytes=shard_bytes, key=key, jpeg_quality=jpeg_quality,
-                        png_level=png_level) for s in scales]
-    options = check_encoding_options([d["encoding"] for d in sjson], encoding_options)
+                        shard_bytes=shard_bytes, key=key) for s in scales]
+    options = check_encoding_options([d["encoding"] for d in sjson], encoding_options, legacy)
     for d in sjson:
         record_options(d, options[d["encoding"]])
     keys = [d["key"] for d in sjson]
@@ -154,23 +162,46 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                                       coarser_scales=coarser_scales)
 
     opts = tuple(sorted((storage_options or {}).items()))
-    workers = max_workers or max(1, os.cpu_count() or 1)
-    run = write_progress.attach(progress) if progress is not None else ""
+    workers = num_workers or max(1, os.cpu_count() or 1)
+    run = write_progress.attach(sink) if sink is not None else ""
     try:
-        _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
-                      png_level, gzip_level, write_empty_chunks, block_bytes, options, run=run)
+        _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, gzip_level,
+                      write_empty_chunks, block_bytes, options, run=run)
     finally:
         if run:
             write_progress.detach(run)
+        if isinstance(sink, ProgressBar):
+            sink.close()
     store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
     # Readers in this process may have cached indices of the shard files just replaced.
     forget_cached_indices(store.url)
     return parsed
 
 
-def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_quality,
-                  png_level, gzip_level, write_empty_chunks, block_bytes,
-                  encoding_options=None, run: str = "") -> None:
+def _deprecated_keywords(given: dict, num_workers: int | None) -> tuple[dict, int | None]:
+    """The former keywords: `jpeg_quality` and `png_level` (now in `encoding_options`), and
+    `max_workers` (now `num_workers`), each with a DeprecationWarning; any other is a TypeError,
+    as Python's own for an unexpected keyword."""
+    legacy = {}
+    for name, value in given.items():
+        if name in DEPRECATED_KEYWORDS:
+            warnings.warn(f"to_precomputed({name}=...) is deprecated: pass "
+                          f"encoding_options={{{name!r}: {value!r}}}", DeprecationWarning,
+                          stacklevel=3)
+            legacy[name] = value
+        elif name == "max_workers":
+            warnings.warn("to_precomputed(max_workers=...) is deprecated: pass num_workers=, "
+                          "as to_ome_zarr takes it", DeprecationWarning, stacklevel=3)
+            if num_workers is not None:
+                raise WriterArgumentError("give num_workers only (max_workers is its former name)")
+            num_workers = int_option("max_workers", value, 1)
+        else:
+            raise TypeError(f"to_precomputed() got an unexpected keyword argument {name!r}")
+    return legacy, num_workers
+
+
+def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, gzip_level,
+                  write_empty_chunks, block_bytes, encoding_options=None, run: str = "") -> None:
     dt = parsed.data_type
     for sc, d in zip(scales, sjson):
         s = parsed.find_scale(d["key"])
@@ -179,8 +210,7 @@ def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, jpeg_
             chunk=s.chunk_sizes[0], num_channels=parsed.num_channels, dtype=dt,
             encoding=s.encoding, block_size=s.compressed_segmentation_block_size or DEFAULT_BLOCK_SIZE,
             sharding=None if s.sharding is None else tuple(sorted(s.sharding.to_json().items())),
-            jpeg_quality=jpeg_quality, png_level=png_level, gzip_level=gzip_level,
-            write_empty_chunks=write_empty_chunks,
+            gzip_level=gzip_level, write_empty_chunks=write_empty_chunks,
             options=(encoding_options or {}).get(s.encoding, ()), run=run)
         write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
                     max_workers=workers, key=d["key"])

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any, Mapping
 
 from ..codecs import CODECS, get_codec, writable_encodings
-from ..errors import PrecomputedError, WriterArgumentError, WriterError
+from ..errors import PrecomputedError, StaleScalesWarning, WriterArgumentError, WriterError
 from ..format.info import DATA_TYPES, ShardingSpec, VolumeInfo, morton_bit_count, parse_info
 from .geometry import InputScale
 from .target import DEFAULT_BLOCK_SIZE, int_option, triple
@@ -82,7 +83,7 @@ def choose_sharding(size, chunk_size, *, target_voxels: int, encoding: str = "ra
 
 
 def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, sharding,
-               shard_bytes, key, jpeg_quality, png_level) -> dict:
+               shard_bytes, key) -> dict:
     dt = sc.dtype.name
     # encoding: given, else the source's (when we can write it), else by type
     if encoding is None:
@@ -120,10 +121,6 @@ def scale_json(sc: InputScale, *, vtype, encoding, chunk_size, block_size, shard
             src = sc.hint("compressed_segmentation_block_size")
             block_size = src if isinstance(src, (list, tuple)) and len(src) == 3 else DEFAULT_BLOCK_SIZE
         d["compressed_segmentation_block_size"] = list(triple(block_size, "block size"))
-    options = {"jpeg_quality": jpeg_quality, "png_level": png_level}
-    for option in get_codec(encoding).recorded_options:
-        if option in options:  # the others: `encoding_options`, recorded by the caller
-            d[option] = int(options[option])
     # sharding: None keeps the source's (same size), False/"none" unsharded, "auto", or a spec
     spec = None
     if isinstance(sharding, str) and sharding.strip().startswith("{"):
@@ -158,12 +155,38 @@ def _encoding_fits(encoding, dt, nc) -> bool:
     return encoding in writable_encodings() and get_codec(encoding).fits(dt, nc)
 
 
+# A scale's members that a rewrite must keep, and the argument of to_precomputed each comes from.
+_SCALE_PARAMETERS = {
+    "size": "the data's size", "voxel_offset": "voxel_offset (or the coordinates)",
+    "resolution": "resolution (or the coordinates)", "chunk_sizes": "chunk_size",
+    "encoding": "encoding",
+    "compressed_segmentation_block_size": "compressed_segmentation_block_size",
+    "sharding": "sharding",
+}
+
+
+def scale_differences(old: dict, new: dict) -> list[str]:
+    """What differs between two scales' info members, each said as the argument it comes from
+    with both values; empty when `new` may rewrite `old` in place."""
+    pa, pb = parse_info(_wrap(old)).scales[0], parse_info(_wrap(new)).scales[0]
+    out = []
+    for member, argument in _SCALE_PARAMETERS.items():
+        a, b = getattr(pa, member), getattr(pb, member)
+        same = (all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(a, b))
+                if member == "resolution" else a == b)
+        if not same:
+            out.append(f"{argument}: {_shown(member, a)} in the info, {_shown(member, b)} now")
+    return out
+
+
+def _shown(member: str, value: Any) -> str:
+    if member == "chunk_sizes" and len(value) == 1:
+        value = value[0]  # as chunk_size= takes it
+    return json.dumps(value.to_json() if isinstance(value, ShardingSpec) else value)
+
+
 def same_scale(a: dict, b: dict) -> bool:
-    keys = ("size", "voxel_offset", "chunk_sizes", "encoding", "compressed_segmentation_block_size",
-            "sharding")
-    pa, pb = parse_info(_wrap(a)).scales[0], parse_info(_wrap(b)).scales[0]
-    return all(getattr(pa, k) == getattr(pb, k) for k in keys) and \
-        all(math.isclose(x, y, rel_tol=1e-12) for x, y in zip(pa.resolution, pb.resolution))
+    return not scale_differences(a, b)
 
 
 def _wrap(scale: dict) -> dict:
@@ -189,18 +212,20 @@ def _coarser_scales(listed: list[dict], sjson: list[dict]) -> list[str]:
 
 
 def merge_info(store, fresh: dict, sjson: list[dict], *, resume: bool | str,
-               overwrite: bool, coarser_scales: str = "refuse") -> tuple[VolumeInfo, dict[str, bool]]:
+               overwrite: bool, coarser_scales: str | None = None
+               ) -> tuple[VolumeInfo, dict[str, bool]]:
     """The `info` to write - `fresh` (type, data type, channels) with the scales `sjson`, merged
     into the one at `store` - and, per scale key, whether existing objects may be kept. "auto"
     keeps them for scales the existing info does not list yet (an interrupted write: the info is
     written last). `coarser_scales`: what becomes of scales the info lists that are coarser than
     the finest scale written and not written themselves (computed from data this write
     replaces): "refuse" raises WriterError naming them, "keep" leaves them listed, "drop"
-    removes them from the info (their objects stay in storage)."""
+    removes them from the info (their objects stay in storage); None: "drop" with overwrite
+    (warning which it drops), else "refuse"."""
     if resume not in (True, False, "auto"):
-        raise WriterError(f"resume must be True, False or 'auto', got {resume!r}")
-    if coarser_scales not in COARSER_SCALES:
-        raise WriterArgumentError(f"coarser_scales must be one of {COARSER_SCALES}, got "
+        raise WriterArgumentError(f"resume must be True, False or 'auto', got {resume!r}")
+    if coarser_scales is not None and coarser_scales not in COARSER_SCALES:
+        raise WriterArgumentError(f"coarser_scales must be one of {COARSER_SCALES} or None, got "
                                   f"{coarser_scales!r}")
     keys = [d["key"] for d in sjson]
     info_doc = fresh
@@ -230,18 +255,27 @@ def merge_info(store, fresh: dict, sjson: list[dict], *, resume: bool | str,
                 info_doc["scales"] = list(old["scales"])
                 for d in sjson:
                     prev = next((s for s in info_doc["scales"] if s.get("key") == d["key"]), None)
-                    if prev is not None and not same_scale(prev, d):
+                    differs = [] if prev is None else scale_differences(prev, d)
+                    if differs:
                         if not overwrite:
                             raise WriterError(
-                                f"scale {d['key']!r} exists in {store.describe('info')} with other "
-                                "parameters (size, offset, chunking, encoding or sharding); pass "
-                                "overwrite=True to replace it, or another key=")
+                                f"scale {d['key']!r} exists in {store.describe('info')} with "
+                                f"another {'; another '.join(differs)}. Pass overwrite=True to "
+                                "replace it, or another key=")
                         allow_resume[d["key"]] = False
     if overwrite:
         allow_resume = {k: False for k in keys}
     stale = _coarser_scales(info_doc["scales"], sjson)
-    if stale and coarser_scales == "refuse":
-        finest = min(sjson, key=_resolution_volume)["key"]
+    finest = min(sjson, key=_resolution_volume)["key"]
+    if stale and coarser_scales is None and overwrite:
+        coarser_scales = "drop"
+        warnings.warn(
+            f"overwrite=True: {store.describe('info')} no longer lists scales {stale}, coarser "
+            f"than scale {finest!r} written now (they held a downsampling of the data replaced; "
+            "their objects stay in storage). Write them too (xarray_precomputed.downsample makes "
+            "them), or pass coarser_scales='keep' to leave them listed", StaleScalesWarning,
+            stacklevel=3)
+    if stale and coarser_scales in (None, "refuse"):
         raise WriterError(
             f"{store.describe('info')} lists scales {stale}, coarser than scale {finest!r} "
             "written now: they hold what was there before, not a downsampling of what is "

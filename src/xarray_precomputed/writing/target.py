@@ -45,8 +45,10 @@ def int_option(name: str, v, lo: int, hi: int | None = None) -> int:
 
 
 def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_SIZE,
-                 jpeg_quality: int = 75, png_level: int = 6) -> bytes:
-    """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes."""
+                 **options) -> bytes:
+    """One (possibly edge-truncated) chunk, an (x, y, z, channel) array, -> its stored bytes;
+    `options` are the encoding's own (`jpeg_quality=90`), as `to_precomputed`'s
+    `encoding_options` takes them."""
     writable = writable_encodings()  # asked now: an encoding registered later is writable too
     if encoding not in writable:
         raise WriterError(f"cannot write encoding {encoding!r}; writable: {writable}")
@@ -57,9 +59,16 @@ def encode_chunk(chunk: np.ndarray, encoding: str, *, block_size=DEFAULT_BLOCK_S
     if not codec.fits(chunk.dtype.name, chunk.shape[3]):
         raise WriterError(f"encoding {encoding!r} does not store {chunk.shape[3]} channel(s) of "
                           f"{chunk.dtype}")
-    return codec.encode(chunk, block_size=triple(block_size, "block_size"),
-                        jpeg_quality=int_option("jpeg_quality", jpeg_quality, 1, 100),
-                        png_level=int_option("png_level", png_level, 0, 9))
+    unknown = sorted(set(options) - set(codec.encode_options))
+    if unknown:
+        raise WriterArgumentError(f"{unknown} are not options of encoding {encoding!r}; it takes "
+                                  f"{sorted(codec.encode_options) or 'none'}")
+    if options:
+        try:
+            options = codec.check_options(**options)
+        except (TypeError, ValueError) as err:
+            raise WriterArgumentError(f"encoding {encoding!r}: {err}") from None
+    return codec.encode(chunk, block_size=triple(block_size, "block_size"), **options)
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,6 @@ class Target:
     encoding: str
     block_size: tuple[int, int, int]
     sharding: tuple | None  # sorted items of the sharding JSON
-    jpeg_quality: int = 75
-    png_level: int = 6
     gzip_level: int = 6
     write_empty_chunks: bool = True
     options: tuple = ()  # sorted (name, value) items of the encoding's own options
@@ -114,9 +121,7 @@ class Target:
         if not self.write_empty_chunks and not arr.any():
             return None
         # the options were checked by to_precomputed: straight to the codec
-        return get_codec(self.encoding).encode(arr, block_size=self.block_size,
-                                               jpeg_quality=self.jpeg_quality,
-                                               png_level=self.png_level, **dict(self.options))
+        return get_codec(self.encoding).encode(arr, block_size=self.block_size, **dict(self.options))
 
     def shard_name(self, shard: int) -> str:
         return shard_filename(shard, self.sharded)
