@@ -15,6 +15,7 @@ from .errors import (
     HugeGraphWarning,
     InfoError,
     MissingChunkError,
+    MissingObjectError,
     PermissionDeniedError,
     PrecomputedError,
     ScaleNotFoundError,
@@ -31,7 +32,9 @@ __version__ = "0.1.0"
 
 # Writers load on first use: reading needs neither them nor zarr.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples"}
+         "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples",
+         "Skeletons": ".backends.objects", "Meshes": ".backends.objects",
+         "to_skeletons": ".writing.skeletons"}
 
 
 def __getattr__(name: str):
@@ -43,9 +46,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
-    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
+    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError", "MissingObjectError",
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data",
+    "downsample", "sample_volume", "sample_data", "Skeletons", "Meshes", "to_skeletons",
 ]
