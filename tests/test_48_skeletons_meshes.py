@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import igneous_sets
 import jsonschema
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ import xarray as xr
 import yaml
 from cloudvolume import CloudVolume
 
-import igneous_sets
 import xarray_precomputed as xp
 from xarray_precomputed.errors import (
     CodecUnavailableError,

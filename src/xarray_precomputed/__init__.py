@@ -46,7 +46,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
-    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError", "MissingObjectError",
+    "DependencyError", "ExportError", "HugeGraphWarning", "InfoError", "MissingChunkError",
+    "MissingObjectError",
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",

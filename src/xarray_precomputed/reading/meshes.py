@@ -25,8 +25,15 @@ from ..format.mesh_info import (
 )
 from ..format.sharding import decode_gzip
 from ..kvstore import ShardedKeyValue
-from .object_sets import MAX_OBJECT_BYTES, ObjectDir, as_ids, get_values, key_value, open_object_dir, \
-    read_named
+from .object_sets import (
+    MAX_OBJECT_BYTES,
+    ObjectDir,
+    as_ids,
+    get_values,
+    key_value,
+    open_object_dir,
+    read_named,
+)
 from .skeletons import apply_transform
 
 
