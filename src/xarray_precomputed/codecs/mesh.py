@@ -113,14 +113,16 @@ def draco_available() -> bool:
 
 
 def decode_draco_fragment(buf, *, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(integer vertex positions (n, 3) float64, faces (m, 3) uint32) of one Draco fragment."""
+    """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment."""
     draco = _dracopy()
     try:
         mesh = draco.decode(bytes(buf))
     except Exception as e:  # DracoPy raises its own error types, and ValueError/RuntimeError
         raise CorruptChunkError(f"Draco fragment cannot be decoded: {e}", chunk=where) from None
-    points = np.asarray(mesh.points, np.float64).reshape(-1, 3)
-    faces = np.asarray(mesh.faces, np.int64).reshape(-1, 3)
-    if len(faces) and (int(faces.min()) < 0 or int(faces.max()) >= len(points)):
+    points = np.asarray(mesh.points).reshape(-1, 3)
+    faces = np.asarray(mesh.faces).reshape(-1, 3)
+    if faces.dtype.kind not in "iu":
+        faces = faces.astype(np.int64)
+    if len(faces) and (int(faces.max()) >= len(points) or int(faces.min()) < 0):
         raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}", chunk=where)
-    return points, faces.astype(np.uint32)
+    return points, faces.astype(np.uint32, copy=False)

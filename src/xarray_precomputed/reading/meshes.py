@@ -28,6 +28,7 @@ from ..kvstore import ShardedKeyValue
 from .object_sets import (
     MAX_OBJECT_BYTES,
     ObjectDir,
+    Where,
     as_ids,
     get_values,
     key_value,
@@ -54,6 +55,16 @@ def merge(segment_id: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> Mesh:
     vertices = np.concatenate([v for v, _ in parts]).astype(np.float32, copy=False)
     faces = np.concatenate([f.astype(np.uint32) + np.uint32(c) for (_, f), c in zip(parts, counts)])
     return Mesh(segment_id, vertices, faces)
+
+
+class _FragmentWhere:
+    __slots__ = ("where", "lod", "frag")
+
+    def __init__(self, where, lod: int, frag: int):
+        self.where, self.lod, self.frag = where, lod, frag
+
+    def __str__(self) -> str:
+        return f"{self.where} level {self.lod} fragment {self.frag}"
 
 
 class MeshReader:
@@ -221,25 +232,35 @@ class MultilodMeshReader(MeshReader):
         return out
 
     def _decode(self, k: int, m: MultilodManifest, lod: int, data) -> Mesh:
-        where = self.kv.describe(k)
+        where = Where(self.kv, k)
         view = memoryview(data)
-        scale = m.chunk_shape.astype(np.float64) * (2.0 ** lod)
-        base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
-        quant = float(2 ** self.info.vertex_quantization_bits - 1)
-        parts = []
+        points, faces, nodes = [], [], []
         off = 0
         for frag, size in enumerate(m.fragment_sizes[lod].tolist()):
             chunk = view[off:off + size]
             off += size
             if size == 0:
                 continue  # an empty node: the level has a child where its parent had nothing
-            points, faces = decode_draco_fragment(chunk, where=f"{where} level {lod} fragment {frag}")
-            if len(points) and (points.min() < 0 or points.max() > quant):
-                raise CorruptChunkError(f"level {lod} fragment {frag}: vertex positions outside "
-                                        f"[0, {int(quant)}]", chunk=where)
-            stored = base + scale * (m.fragment_positions[lod][frag] + points / quant)
-            parts.append((apply_transform(stored, self.info.transform), faces))
-        return merge(k, parts)
+            p, f = decode_draco_fragment(chunk, where=_FragmentWhere(where, lod, frag))  # type: ignore[arg-type]
+            points.append(p)
+            faces.append(f)
+            nodes.append(frag)
+        if not points:
+            return merge(k, [])
+        counts = np.array([len(p) for p in points])
+        allp = np.concatenate(points)
+        quant = float(2 ** self.info.vertex_quantization_bits - 1)
+        if len(allp) and (allp.min() < 0 or allp.max() > quant):
+            raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
+                                    chunk=where)
+        # one affine map for the whole level: each vertex offset by its octree node
+        node_pos = np.repeat(m.fragment_positions[lod][nodes].astype(np.float64), counts, axis=0)
+        scale = m.chunk_shape.astype(np.float64) * (2.0 ** lod)
+        base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
+        stored = base + scale * (node_pos + allp / quant)
+        vertices = apply_transform(stored, self.info.transform)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint32)
+        return Mesh(k, vertices, np.concatenate([f + o for f, o in zip(faces, starts)]))
 
     def ids(self) -> np.ndarray:
         found = [self.kv.keys_in(p) for p in self.kv.partitions()]

@@ -11,7 +11,7 @@ import numpy as np
 from ..codecs.skeleton import decode_skeleton
 from ..errors import MissingObjectError
 from ..format.skeleton_info import SkeletonInfo, is_skeleton_info, parse_skeleton_info
-from .object_sets import ObjectDir, as_ids, get_values, key_value, open_object_dir
+from .object_sets import ObjectDir, Where, as_ids, get_values, key_value, open_object_dir
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class SkeletonReader:
         return self.dir.describe()
 
     def decode(self, segment_id: int, buf) -> Skeleton:
-        v, e, attrs = decode_skeleton(buf, self.layout, where=self.kv.describe(segment_id))
+        v, e, attrs = decode_skeleton(buf, self.layout, where=Where(self.kv, segment_id))  # type: ignore[arg-type]
         return Skeleton(segment_id, apply_transform(v, self.info.transform), e, attrs)
 
     def get(self, segment_id: int) -> Skeleton:

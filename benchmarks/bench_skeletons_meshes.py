@@ -1,0 +1,104 @@
+"""1,000 skeletons and 1,000 meshes from sharded sets igneous wrote: ours vs CloudVolume.
+
+    python benchmarks/bench_skeletons_meshes.py [--root DIR] [--n 1000] [--rounds 3]
+
+The sets (kimimaro skeletons; zmesh multi-resolution Draco meshes, level 0; both sharded) are
+written once under `--root` from ~`--n` labelled blobs in a 256^3 segmentation
+(`tests/igneous_sets.py`). Each round, alternating the readers, reads every object once from a
+freshly opened set: ours in one call (`Skeletons.get(ids)`, `Meshes.get_many(ids)`: one round of
+requests per shard) and one call per object (`sk[id]`, `me.get(id)`); CloudVolume with
+`cv.skeleton.get(ids)` / `cv.mesh.get(ids)` for the list. Shard-index caches are cleared before
+each timed read, so each read fetches its indices (CloudVolume's caches start empty as each
+round opens a new CloudVolume). Imports (xarray, dask, CloudVolume, DracoPy) happen before the
+clock. Prints best-of-rounds seconds and the ratios; results are checked equal first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import DracoPy  # noqa: E402,F401
+import igneous_sets  # noqa: E402
+import xarray  # noqa: E402,F401
+from cloudvolume import CloudVolume  # noqa: E402
+
+import xarray_precomputed as xp  # noqa: E402
+from xarray_precomputed.kvstore.shard_files import forget_cached_indices  # noqa: E402
+
+
+def build(root: Path, n: int) -> None:
+    seg = None
+    for kind in ("skeletons_sharded", "mesh_multires_sharded"):
+        if not (root / kind / "info").exists():
+            seg = igneous_sets.many_blobs(n) if seg is None else seg
+            igneous_sets.build(root, kind, seg)
+
+
+def timed(fn) -> float:
+    forget_cached_indices()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default="/tmp/xp-bench-skelmesh")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    root = Path(args.root)
+    build(root, args.n)
+    sk_url, me_url = str(root / "skeletons_sharded"), str(root / "mesh_multires_sharded")
+    sk_ids = xp.Skeletons.open(sk_url).ids()
+    me_ids = xp.Meshes.open(me_url).ids()
+    print(f"{len(sk_ids)} skeletons, {len(me_ids)} meshes; {os.cpu_count()} CPUs (shared machine)")
+
+    # equal results first
+    cv = CloudVolume(f"file://{sk_url}", progress=False)
+    ours = xp.Skeletons.open(sk_url).get(sk_ids[:50])
+    theirs = cv.skeleton.get(sk_ids[:50].tolist())
+    assert sum(len(s.vertices) for s in theirs) == ours.sizes["vertex"]
+    cvm = CloudVolume(f"file://{me_url}", progress=False)
+    got = cvm.mesh.get(me_ids[:20].tolist())
+    assert sum(len(got[int(i)].faces) for i in me_ids[:20]) == \
+        xp.Meshes.open(me_url).get_many(me_ids[:20]).sizes["face"]
+
+    runs: dict[str, list[float]] = {}
+    cases = {
+        "skeletons: ours get(ids)": lambda: xp.Skeletons.open(sk_url).get(sk_ids),
+        "skeletons: ours sk[id] each": lambda: [s for sk in [xp.Skeletons.open(sk_url)]
+                                                for s in (sk[i] for i in sk_ids.tolist())],
+        "skeletons: CloudVolume get(ids)": lambda: CloudVolume(f"file://{sk_url}", progress=False)
+        .skeleton.get(sk_ids.tolist()),
+        "meshes: ours get_many(ids)": lambda: xp.Meshes.open(me_url).get_many(me_ids),
+        "meshes: ours get(id) each": lambda: [m for me in [xp.Meshes.open(me_url)]
+                                              for m in (me.get(i) for i in me_ids.tolist())],
+        "meshes: CloudVolume get(ids)": lambda: CloudVolume(f"file://{me_url}", progress=False)
+        .mesh.get(me_ids.tolist()),
+    }
+    for _ in range(args.rounds):
+        for name, fn in cases.items():
+            runs.setdefault(name, []).append(timed(fn))
+    best = {k: min(v) for k, v in runs.items()}
+    print(f"{'read':<34} {'best s':>8}  rounds")
+    for k, v in runs.items():
+        print(f"{k:<34} {best[k]:8.3f}  {' '.join(f'{x:.3f}' for x in v)}")
+    for kind in ("skeletons", "meshes"):
+        cvt = best[f"{kind}: CloudVolume get(ids)"]
+        for k in best:
+            if k.startswith(kind) and "CloudVolume" not in k:
+                print(f"{k:<34} {cvt / best[k]:6.1f}x CloudVolume")
+
+
+if __name__ == "__main__":
+    main()
