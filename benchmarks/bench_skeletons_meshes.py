@@ -2,9 +2,9 @@
 
     python benchmarks/bench_skeletons_meshes.py [--root DIR] [--n 1000] [--rounds 3]
 
-The sets (kimimaro skeletons; zmesh multi-resolution Draco meshes, level 0; both sharded) are
-written once under `--root` from ~`--n` labelled blobs in a 256^3 segmentation
-(`tests/igneous_sets.py`). Each round, alternating the readers, reads every object once from a
+The sets (kimimaro skeletons; zmesh multi-resolution Draco meshes, level 0, igneous' level
+settings: one fragment per mesh, or `--fragmented`; both sharded) are written once under `--root`
+from `--n` labelled blobs in a 256^3 segmentation (`tests/igneous_sets.py`). Each round, alternating the readers, reads every object once from a
 freshly opened set: ours in one call (`Skeletons.get(ids)`, `Meshes.get_many(ids)`: one round of
 requests per shard) and one call per object (`sk[id]`, `me.get(id)`); CloudVolume with
 `cv.skeleton.get(ids)` / `cv.mesh.get(ids)` for the list. Shard-index caches are cleared before
@@ -35,12 +35,12 @@ import xarray_precomputed as xp  # noqa: E402
 from xarray_precomputed.kvstore.shard_files import forget_cached_indices  # noqa: E402
 
 
-def build(root: Path, n: int) -> None:
+def build(root: Path, n: int, fragmented: bool) -> None:
     seg = None
     for kind in ("skeletons_sharded", "mesh_multires_sharded"):
         if not (root / kind / "info").exists():
             seg = igneous_sets.many_blobs(n) if seg is None else seg
-            igneous_sets.build(root, kind, seg)
+            igneous_sets.build(root, kind, seg, igneous_defaults=not fragmented)
 
 
 def timed(fn) -> float:
@@ -55,9 +55,11 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/xp-bench-skelmesh")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fragmented", action="store_true",
+                    help="meshes of 3 levels in 4-voxel octree nodes (~24 Draco fragments each)")
     args = ap.parse_args()
-    root = Path(args.root)
-    build(root, args.n)
+    root = Path(args.root) / ("fragmented" if args.fragmented else "defaults")
+    build(root, args.n, args.fragmented)
     sk_url, me_url = str(root / "skeletons_sharded"), str(root / "mesh_multires_sharded")
     sk_ids = xp.Skeletons.open(sk_url).ids()
     me_ids = xp.Meshes.open(me_url).ids()

@@ -88,7 +88,11 @@ def write_segmentation(path: Path, seg: np.ndarray) -> str:
     return url
 
 
-def build(root: Path, kind: str, seg: np.ndarray | None = None) -> Path:
+def build(root: Path, kind: str, seg: np.ndarray | None = None, *, igneous_defaults: bool = False
+          ) -> Path:
+    """`igneous_defaults`: multi-resolution meshes with igneous' own level settings (one level,
+    one fragment per object) instead of the several levels of small octree nodes the tests
+    compare."""
     import igneous.task_creation as tc
     from taskqueue import LocalTaskQueue
 
@@ -120,7 +124,8 @@ def build(root: Path, kind: str, seg: np.ndarray | None = None) -> Path:
             tq.insert(tc.create_unsharded_multires_mesh_tasks(
                 url, num_lod=3, magnitude=1, min_chunk_size=(4, 4, 4)))
         else:
-            tq.insert(tc.create_sharded_multires_mesh_tasks(
-                url, num_lod=3, min_chunk_size=(4, 4, 4), progress=False, min_shards=4))
+            levels = {} if igneous_defaults else {"num_lod": 3, "min_chunk_size": (4, 4, 4)}
+            tq.insert(tc.create_sharded_multires_mesh_tasks(url, progress=False, min_shards=4,
+                                                            **levels))
         tq.execute(progress=False)
     return path
