@@ -1,16 +1,16 @@
 """1,000 skeletons and 1,000 meshes from sharded sets igneous wrote: ours vs CloudVolume.
 
-    python benchmarks/bench_skeletons_meshes.py [--root DIR] [--n 1000] [--rounds 3]
+    python benchmarks/bench_skeletons_meshes.py [--root DIR] [--n 1000] [--rounds 3] [--fragmented]
 
-The sets (kimimaro skeletons; zmesh multi-resolution Draco meshes, level 0, igneous' level
-settings: one fragment per mesh, or `--fragmented`; both sharded) are written once under `--root`
-from `--n` labelled blobs in a 256^3 segmentation (`tests/igneous_sets.py`). Each round, alternating the readers, reads every object once from a
-freshly opened set: ours in one call (`Skeletons.get(ids)`, `Meshes.get_many(ids)`: one round of
-requests per shard) and one call per object (`sk[id]`, `me.get(id)`); CloudVolume with
-`cv.skeleton.get(ids)` / `cv.mesh.get(ids)` for the list. Shard-index caches are cleared before
-each timed read, so each read fetches its indices (CloudVolume's caches start empty as each
-round opens a new CloudVolume). Imports (xarray, dask, CloudVolume, DracoPy) happen before the
-clock. Prints best-of-rounds seconds and the ratios; results are checked equal first.
+The sets (kimimaro skeletons; zmesh multi-resolution Draco meshes at level 0, with igneous' own
+level settings: one fragment per mesh, or `--fragmented`; both sharded) are written once under
+`--root` from `--n` labelled blobs in a 256^3 segmentation (`tests/igneous_sets.py`). Each round,
+alternating the readers, reads every object once from a freshly opened set: ours in one call
+(`Skeletons.get(ids)`, `Meshes.get_many(ids)`: one round of requests per shard) and one call per
+object (`sk[id]`, `me.get(id)`); CloudVolume with `cv.skeleton.get(ids)` / `cv.mesh.get(ids)`.
+Shard-index caches are cleared before each timed read (CloudVolume's start empty: each round
+opens a new CloudVolume). Imports (xarray, dask, CloudVolume, DracoPy) happen before the clock.
+Prints each round's seconds, the best, and the ratios; results are checked equal first.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))

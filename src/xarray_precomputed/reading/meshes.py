@@ -35,7 +35,7 @@ from .object_sets import (
     open_object_dir,
     read_named,
 )
-from .skeletons import apply_transform
+from .skeletons import Transform
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class LegacyMeshReader(MeshReader):
         for k, raw in zip(keys, manifests):
             if raw is None:
                 raise self._missing(k, self.kv.describe(k))
-            names.append(parse_legacy_manifest(raw, where=self.kv.describe(k)))
+            names.append(parse_legacy_manifest(raw, where=Where(self.kv, k)))  # type: ignore[arg-type]
         flat = [self.dir.key(n) for ns in names for n in ns]
         blobs = iter(read_named(self.dir.store, flat))
         flat_iter = iter(flat)
@@ -144,6 +144,8 @@ class MultilodMeshReader(MeshReader):
     def __init__(self, where: ObjectDir, info: MultilodMeshInfo):
         super().__init__(where, info)
         self.kv = key_value(where, info.sharding, suffix=".index")
+        self.transform = Transform(info.transform)
+        self.quant = float(2 ** info.vertex_quantization_bits - 1)
 
     def get_many(self, ids, lod: int = 0) -> list[Mesh]:
         keys = as_ids(ids)
@@ -162,7 +164,7 @@ class MultilodMeshReader(MeshReader):
         raws = get_values(self.kv, keys)
         out = []
         for k, raw in zip(keys.tolist(), raws):
-            where = self.kv.describe(k)
+            where = Where(self.kv, k)
             if raw is None:
                 raise self._missing(k, where)
             m = decode_multilod_manifest(raw, where=where)
@@ -209,7 +211,7 @@ class MultilodMeshReader(MeshReader):
                 raise self._missing(spans[0][1], kv.describe(spans[0][1]))
             frag_ranges = []
             for (p, k, s, e), raw in zip(spans, got):
-                where = kv.describe(k)
+                where = Where(kv, k)
                 if len(raw) != e - s:
                     raise CorruptChunkError(f"manifest [{s}, {e}) lies past the end of the shard",
                                             chunk=where)
@@ -247,20 +249,24 @@ class MultilodMeshReader(MeshReader):
             nodes.append(frag)
         if not points:
             return merge(k, [])
-        counts = np.array([len(p) for p in points])
-        allp = np.concatenate(points)
-        quant = float(2 ** self.info.vertex_quantization_bits - 1)
+        quant = self.quant
+        positions = m.fragment_positions[lod][nodes].astype(np.float64)
+        if len(points) == 1:
+            allp, node_pos, all_faces = points[0], positions, faces[0]
+        else:
+            counts = np.array([len(p) for p in points])
+            allp = np.concatenate(points)
+            # one affine map for the whole level: each vertex offset by its octree node
+            node_pos = np.repeat(positions, counts, axis=0)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint32)
+            all_faces = np.concatenate([f + o for f, o in zip(faces, starts)])
         if len(allp) and (allp.min() < 0 or allp.max() > quant):
             raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
                                     chunk=where)
-        # one affine map for the whole level: each vertex offset by its octree node
-        node_pos = np.repeat(m.fragment_positions[lod][nodes].astype(np.float64), counts, axis=0)
         scale = m.chunk_shape.astype(np.float64) * (2.0 ** lod)
         base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
         stored = base + scale * (node_pos + allp / quant)
-        vertices = apply_transform(stored, self.info.transform)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint32)
-        return Mesh(k, vertices, np.concatenate([f + o for f, o in zip(faces, starts)]))
+        return Mesh(k, self.transform(stored), all_faces)
 
     def ids(self) -> np.ndarray:
         found = [self.kv.keys_in(p) for p in self.kv.partitions()]

@@ -24,13 +24,20 @@ class Skeleton:
     attributes: dict[str, np.ndarray]
 
 
-def apply_transform(points: np.ndarray, transform: tuple[float, ...]) -> np.ndarray:
-    """Stored-model points (n, 3) through the row-major 4x3 `transform`, as float32 (computed in
-    float64, as CloudVolume computes it)."""
-    m = np.asarray(transform, np.float64).reshape(3, 4)
-    if np.array_equal(m, np.eye(3, 4)):
-        return np.asarray(points, np.float32)
-    return (np.asarray(points, np.float64) @ m[:, :3].T + m[:, 3]).astype(np.float32)
+class Transform:
+    """The row-major 4x3 stored-model -> nm transform of an info, applied in float64 (as
+    CloudVolume applies it) and returned as float32."""
+
+    def __init__(self, transform: tuple[float, ...]):
+        m = np.asarray(transform, np.float64).reshape(3, 4)
+        self.identity = bool(np.array_equal(m, np.eye(3, 4)))
+        self.linear = np.ascontiguousarray(m[:, :3].T)
+        self.offset = m[:, 3].copy()
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        if self.identity:
+            return np.asarray(points, np.float32)
+        return (np.asarray(points, np.float64) @ self.linear + self.offset).astype(np.float32)
 
 
 class SkeletonReader:
@@ -41,6 +48,7 @@ class SkeletonReader:
         self.info = info
         self.kv = key_value(where, info.sharding)
         self.layout = tuple((a.id, a.data_type, a.num_components) for a in info.vertex_attributes)
+        self.transform = Transform(info.transform)
 
     @classmethod
     def open(cls, url: str, storage_options: dict | None = None) -> "SkeletonReader":
@@ -54,7 +62,7 @@ class SkeletonReader:
 
     def decode(self, segment_id: int, buf) -> Skeleton:
         v, e, attrs = decode_skeleton(buf, self.layout, where=Where(self.kv, segment_id))  # type: ignore[arg-type]
-        return Skeleton(segment_id, apply_transform(v, self.info.transform), e, attrs)
+        return Skeleton(segment_id, self.transform(v), e, attrs)
 
     def get(self, segment_id: int) -> Skeleton:
         return self.get_many([segment_id])[0]
