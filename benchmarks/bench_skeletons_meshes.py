@@ -7,7 +7,8 @@ level settings: one fragment per mesh, or `--fragmented`; both sharded) are writ
 `--root` from `--n` labelled blobs in a 256^3 segmentation (`tests/igneous_sets.py`). Each round,
 alternating the readers, reads every object once from a freshly opened set: ours in one call
 (`Skeletons.get(ids)`, `Meshes.get_many(ids)`: one round of requests per shard) and one call per
-object (`sk[id]`, `me.get(id)`); CloudVolume with `cv.skeleton.get(ids)` / `cv.mesh.get(ids)`.
+object (`sk[id]`, `me.get(id)`); CloudVolume the same two ways (`cv.skeleton.get(ids)`, `cv.mesh.get(ids)`;
+one id per call).
 Shard-index caches are cleared before each timed read (CloudVolume's start empty: each round
 opens a new CloudVolume). Imports (xarray, dask, CloudVolume, DracoPy) happen before the clock.
 Prints each round's seconds, the best, and the ratios; results are checked equal first.
@@ -80,11 +81,17 @@ def main() -> None:
                                                 for s in (sk[i] for i in sk_ids.tolist())],
         "skeletons: CloudVolume get(ids)": lambda: CloudVolume(f"file://{sk_url}", progress=False)
         .skeleton.get(sk_ids.tolist()),
+        "skeletons: CloudVolume get(id) each": lambda: [
+            s for cv in [CloudVolume(f"file://{sk_url}", progress=False)]
+            for s in (cv.skeleton.get(i) for i in sk_ids.tolist())],
         "meshes: ours get_many(ids)": lambda: xp.Meshes.open(me_url).get_many(me_ids),
         "meshes: ours get(id) each": lambda: [m for me in [xp.Meshes.open(me_url)]
                                               for m in (me.get(i) for i in me_ids.tolist())],
         "meshes: CloudVolume get(ids)": lambda: CloudVolume(f"file://{me_url}", progress=False)
         .mesh.get(me_ids.tolist()),
+        "meshes: CloudVolume get(id) each": lambda: [
+            m for cv in [CloudVolume(f"file://{me_url}", progress=False)]
+            for m in (cv.mesh.get(i) for i in me_ids.tolist())],
     }
     for _ in range(args.rounds):
         for name, fn in cases.items():
@@ -94,10 +101,12 @@ def main() -> None:
     for k, v in runs.items():
         print(f"{k:<34} {best[k]:8.3f}  {' '.join(f'{x:.3f}' for x in v)}")
     for kind in ("skeletons", "meshes"):
-        cvt = best[f"{kind}: CloudVolume get(ids)"]
-        for k in best:
-            if k.startswith(kind) and "CloudVolume" not in k:
-                print(f"{k:<34} {cvt / best[k]:6.1f}x CloudVolume")
+        for how, theirs in (("all at once", "get(ids)"), ("one call each", "get(id) each")):
+            cvt = best[f"{kind}: CloudVolume {theirs}"]
+            mine = [k for k in best if k.startswith(kind) and "CloudVolume" not in k]
+            k = mine[0] if how == "all at once" else mine[1]
+            print(f"{kind} {how:<14} ours {best[k]:.3f} s, CloudVolume {cvt:.3f} s: "
+                  f"{cvt / best[k]:.1f}x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import xarray as xr
 from ..reading.meshes import Mesh, MeshReader
 from ..reading.skeletons import Skeleton, SkeletonReader
 
+
 def _vertex_vars(vertices: np.ndarray) -> dict:
     # the axes are named in attrs, not as an `axis` coordinate: an index coordinate made
     # building one object's Dataset ~4x slower (0.5 -> 2.5 ms here)

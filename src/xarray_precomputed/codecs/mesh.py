@@ -13,7 +13,7 @@ from ..errors import CodecUnavailableError, CorruptChunkError
 DRACO_HINT = "pip install 'xarray-precomputed[draco]' (or: pip install DracoPy)"
 
 
-def decode_legacy_fragment(buf, *, where: str) -> tuple[np.ndarray, np.ndarray]:
+def decode_legacy_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray]:
     """(vertices (n, 3) float32, faces (m, 3) uint32) of one legacy fragment, views of `buf`."""
     view = memoryview(buf).cast("B")
     size = len(view)
@@ -62,7 +62,7 @@ class MultilodManifest:
         return start, start + int(self.fragment_sizes[lod].sum(dtype=np.uint64))
 
 
-def decode_multilod_manifest(buf, *, where: str) -> MultilodManifest:
+def decode_multilod_manifest(buf, *, where: object) -> MultilodManifest:
     """The `.index` manifest of one multi-resolution mesh; its length must be exactly what its
     level and fragment counts make."""
     view = memoryview(buf).cast("B")
@@ -112,7 +112,7 @@ def draco_available() -> bool:
     return True
 
 
-def decode_draco_fragment(buf, *, where: str) -> tuple[np.ndarray, np.ndarray]:
+def decode_draco_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray]:
     """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment."""
     draco = _dracopy()
     try:

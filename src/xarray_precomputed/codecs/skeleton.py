@@ -12,7 +12,7 @@ from ..errors import CorruptChunkError
 AttributeLayout = tuple[tuple[str, str, int], ...]
 
 
-def decode_skeleton(buf, attributes: AttributeLayout, *, where: str
+def decode_skeleton(buf, attributes: AttributeLayout, *, where: object
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """(vertices (n, 3) float32, edges (m, 2) uint32, {attribute id: (n,) or (n, k)}) of one
     encoded skeleton; the arrays are read-only views of `buf`. A buffer whose length is not

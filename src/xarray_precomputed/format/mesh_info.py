@@ -71,7 +71,7 @@ def _parse(doc: Mapping[str, Any]) -> MeshInfo:
                             optional_string(doc, "segment_properties"))
 
 
-def parse_legacy_manifest(doc: bytes, *, where: str) -> list[str]:
+def parse_legacy_manifest(doc: bytes, *, where: object) -> list[str]:
     """The fragment names of a legacy `<id>:0` manifest (`{"fragments": [...]}`)."""
     try:
         obj = json.loads(doc)

@@ -96,7 +96,7 @@ class MeshReader:
     def ids(self) -> np.ndarray:
         raise NotImplementedError
 
-    def _missing(self, segment_id: int, where: str) -> MissingObjectError:
+    def _missing(self, segment_id: int, where: object) -> MissingObjectError:
         return MissingObjectError(f"no mesh for segment {segment_id}", segment_id=segment_id,
                                   chunk=where)
 
@@ -117,7 +117,7 @@ class LegacyMeshReader(MeshReader):
         for k, raw in zip(keys, manifests):
             if raw is None:
                 raise self._missing(k, self.kv.describe(k))
-            names.append(parse_legacy_manifest(raw, where=Where(self.kv, k)))  # type: ignore[arg-type]
+            names.append(parse_legacy_manifest(raw, where=Where(self.kv, k)))
         flat = [self.dir.key(n) for ns in names for n in ns]
         blobs = iter(read_named(self.dir.store, flat))
         flat_iter = iter(flat)
@@ -155,7 +155,7 @@ class MultilodMeshReader(MeshReader):
             pieces = self._unsharded_pieces(keys, lod)
         return [self._decode(int(k), m, lod, data) for k, (m, data) in zip(keys.tolist(), pieces)]
 
-    def _check_lod(self, k: int, m: MultilodManifest, lod: int, where: str) -> None:
+    def _check_lod(self, k: int, m: MultilodManifest, lod: int, where: object) -> None:
         if not 0 <= lod < m.num_lods:
             raise ValueError(f"segment {k} has levels of detail 0 to {m.num_lods - 1}, not {lod} "
                              f"({where})")
@@ -196,16 +196,16 @@ class MultilodMeshReader(MeshReader):
             spans = []
             for p in pos.tolist():
                 k = int(keys[p])
-                found = False
-                if indices is not None:
-                    f, s, e = indices[int(minis[p])].lookup(keys[p:p + 1])
-                    found = bool(f[0])
-                if not found:
-                    raise self._missing(k, kv.describe(k))
-                if int(e[0]) - int(s[0]) > MAX_OBJECT_BYTES:
+                if indices is None:
+                    raise self._missing(k, Where(kv, k))
+                hit, starts, ends = indices[int(minis[p])].lookup(keys[p:p + 1])
+                if not hit[0]:
+                    raise self._missing(k, Where(kv, k))
+                start, end = int(starts[0]), int(ends[0])
+                if end - start > MAX_OBJECT_BYTES:
                     raise CorruptChunkError("manifest range past any manifest's size",
-                                            chunk=kv.describe(k))
-                spans.append((p, k, int(s[0]), int(e[0])))
+                                            chunk=Where(kv, k))
+                spans.append((p, k, start, end))
             got = kv.shards.read_file_ranges(shard, [(s, e) for _, _, s, e in spans])
             if got is None:
                 raise self._missing(spans[0][1], kv.describe(spans[0][1]))
@@ -216,7 +216,8 @@ class MultilodMeshReader(MeshReader):
                     raise CorruptChunkError(f"manifest [{s}, {e}) lies past the end of the shard",
                                             chunk=where)
                 if kv.spec.data_encoding == "gzip":
-                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where, what="mesh manifest")
+                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where,  # type: ignore[arg-type]
+                                      what="mesh manifest")
                 m = decode_multilod_manifest(raw, where=where)
                 self._check_lod(k, m, lod, where)
                 base = s - m.data_bytes()
@@ -243,7 +244,7 @@ class MultilodMeshReader(MeshReader):
             off += size
             if size == 0:
                 continue  # an empty node: the level has a child where its parent had nothing
-            p, f = decode_draco_fragment(chunk, where=_FragmentWhere(where, lod, frag))  # type: ignore[arg-type]
+            p, f = decode_draco_fragment(chunk, where=_FragmentWhere(where, lod, frag))
             points.append(p)
             faces.append(f)
             nodes.append(frag)

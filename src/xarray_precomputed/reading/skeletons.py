@@ -61,11 +61,13 @@ class SkeletonReader:
         return self.dir.describe()
 
     def decode(self, segment_id: int, buf) -> Skeleton:
-        v, e, attrs = decode_skeleton(buf, self.layout, where=Where(self.kv, segment_id))  # type: ignore[arg-type]
+        v, e, attrs = decode_skeleton(buf, self.layout, where=Where(self.kv, segment_id))
         return Skeleton(segment_id, self.transform(v), e, attrs)
 
     def get(self, segment_id: int) -> Skeleton:
-        return self.get_many([segment_id])[0]
+        got = self.get_many([segment_id])[0]
+        assert got is not None  # get_many raised for an absent one
+        return got
 
     def get_many(self, ids, *, missing: str = "raise") -> list[Skeleton | None]:
         """The skeletons of `ids`, in order. An absent one raises MissingObjectError naming it

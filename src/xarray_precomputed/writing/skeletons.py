@@ -77,15 +77,18 @@ def _items(skeletons: Any) -> list[tuple[int, Any]]:
 
 def _attributes(items, vertex_attributes) -> tuple[VertexAttribute, ...]:
     if vertex_attributes is not None:
-        attrs = []
+        attrs: list[VertexAttribute] = []
         for a in vertex_attributes:
             if isinstance(a, VertexAttribute):
                 attrs.append(a)
             elif isinstance(a, str):
-                attrs.append(None if not items else _infer(a, items[0][1]))
+                if not items:
+                    raise WriterArgumentError(f"vertex attribute {a!r}: its type is taken from the "
+                                              "skeletons, and there are none; pass a dict")
+                attrs.append(_infer(a, items[0][1]))
             else:
                 attrs.append(VertexAttribute(a["id"], a["data_type"], int(a.get("num_components", 1))))
-        return tuple(a for a in attrs if a is not None)
+        return tuple(attrs)
     if not items:
         return ()
     first = items[0][1]
