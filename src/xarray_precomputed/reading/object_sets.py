@@ -133,6 +133,8 @@ def get_values(kv: KeyValue, ids: np.ndarray) -> list[bytes | None]:
         if not len(ids):
             return out
         shards, minis = kv.locate(ids)
+        if len(ids) == 1:
+            return kv.shards.read_chunks(int(shards[0]), ids, minis, lambda i: Where(kv, int(ids[0])))
         order = np.argsort(shards, kind="stable")
         bounds = np.flatnonzero(np.diff(shards[order])) + 1
         for pos in np.split(order, bounds):
