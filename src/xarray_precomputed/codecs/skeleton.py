@@ -4,6 +4,8 @@ info lists them). Every length is checked against the buffer before anything is 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..errors import CorruptChunkError
@@ -23,8 +25,9 @@ def decode_skeleton(buf, attributes: AttributeLayout, *, where: object
     if size < 8:
         raise CorruptChunkError(f"skeleton is {size} bytes, shorter than its 8-byte header",
                                 chunk=where)
-    nv, ne = (int(v) for v in np.frombuffer(view, "<u4", 2))
-    per_vertex = 12 + sum(np.dtype(t).itemsize * k for _, t, k in attributes)
+    nv = int.from_bytes(view[0:4], "little")
+    ne = int.from_bytes(view[4:8], "little")
+    per_vertex, dtypes = _layout(attributes)
     want = 8 + nv * per_vertex + ne * 8
     if want != size:
         raise CorruptChunkError(
@@ -38,12 +41,19 @@ def decode_skeleton(buf, attributes: AttributeLayout, *, where: object
     if ne and int(edges.max()) >= nv:
         raise CorruptChunkError(f"an edge names vertex {int(edges.max())} of {nv}", chunk=where)
     attrs: dict[str, np.ndarray] = {}
-    for name, dtype, k in attributes:
-        dt = np.dtype(dtype).newbyteorder("<")
+    for (name, _, k), dt in zip(attributes, dtypes):
         a = np.frombuffer(view, dt, nv * k, off)
         off += nv * k * dt.itemsize
         attrs[name] = a if k == 1 else a.reshape(nv, k)
     return vertices, edges, attrs
+
+
+@lru_cache(maxsize=64)
+def _layout(attributes: AttributeLayout) -> tuple[int, tuple[np.dtype, ...]]:
+    """(bytes per vertex, little-endian dtype of each attribute): one set's layout is asked for
+    every skeleton it reads."""
+    dtypes = tuple(np.dtype(t).newbyteorder("<") for _, t, _ in attributes)
+    return 12 + sum(d.itemsize * k for d, (_, _, k) in zip(dtypes, attributes)), dtypes
 
 
 def encode_skeleton(vertices: np.ndarray, edges: np.ndarray, attributes: AttributeLayout,
