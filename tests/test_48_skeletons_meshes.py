@@ -19,6 +19,7 @@ import pytest
 import xarray as xr
 import yaml
 from cloudvolume import CloudVolume
+from httpserver import serve
 
 import xarray_precomputed as xp
 from xarray_precomputed.errors import (
@@ -436,3 +437,30 @@ def test_a_volume_without_the_directory_says_so(sets, tmp_path):
         xp.Skeletons.open(str(tmp_path))
     with pytest.raises(InfoError, match="mesh"):
         xp.Meshes.open(str(tmp_path))
+
+
+# ---------------------------------------------------------------- any store
+
+
+def test_every_kind_reads_the_same_over_http(sets):
+    """Through the HTTP store (CloudFiles' `.gz` files served as plain files, as a bucket's
+    website does), every object equals the local read, which equals CloudVolume's above."""
+
+    with serve(str(sets)) as (base, srv):
+        for kind in SKELETON_KINDS:
+            remote = xp.Skeletons.open(f"precomputed://{base}/{kind}")
+            local = xp.Skeletons.open(str(sets / kind))
+            assert remote.get(IDS).drop_attrs().identical(local.get(IDS).drop_attrs())
+            with pytest.raises(MissingObjectError, match="424242"):
+                remote[424242]
+        for kind in MESH_KINDS:
+            remote_m = xp.Meshes.open(f"{base}/{kind}")
+            local_m = xp.Meshes.open(str(sets / kind))
+            for lod in (0, 1):
+                ids = IDS if lod == 0 or kind == "mesh_legacy" else [77, 5]
+                if kind == "mesh_legacy" and lod:
+                    continue
+                assert remote_m.get_many(ids, lod).drop_attrs().identical(
+                    local_m.get_many(ids, lod).drop_attrs())
+        sharded = [r for r in srv.requests if "skeletons_sharded" in r[1] and r[1].endswith(".shard")]
+        assert sharded  # the sharded set was read through byte ranges of its shard files
