@@ -187,11 +187,23 @@ def test_meshes_equal_cloudvolume(sets, kind, via):
 def test_mesh_levels_differ_and_bad_levels_are_refused(sets):
     me = xp.Meshes.open(str(sets / "mesh_multires_sharded"))
     assert me.get(77, lod=0).sizes["face"] > me.get(77, lod=2).sizes["face"]
-    with pytest.raises(ValueError, match="levels of detail 0 to"):
+    with pytest.raises(xp.ArgumentError, match="levels of detail 0 to 2, not 9"):
         me.get(77, lod=9)
     legacy = xp.Meshes.open(str(sets / "mesh_legacy"))
-    with pytest.raises(ValueError, match="one level of detail"):
+    with pytest.raises(xp.ArgumentError, match="one level of detail"):
         legacy.get(77, lod=1)
+    sk = xp.Skeletons.open(str(sets / "skeletons"))
+    with pytest.raises(xp.ArgumentError, match="non-negative"):
+        sk.get([5, -1])
+    with pytest.raises(xp.ArgumentError, match="integers"):
+        sk.get([5.5])
+    with pytest.raises(xp.ArgumentError, match="integers"):
+        sk[5.0]
+    with pytest.raises(xp.ArgumentError, match="integers"):
+        me.get("77")
+    assert sk[np.uint64(5)].sizes == sk[5].sizes
+    with pytest.raises(xp.ArgumentError, match="missing"):
+        sk.get([5], missing="zero")
 
 
 @pytest.mark.parametrize("kind", MESH_KINDS)

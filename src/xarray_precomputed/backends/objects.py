@@ -77,10 +77,10 @@ class Skeletons:
         return [a.id for a in self.reader.info.vertex_attributes]
 
     def __getitem__(self, segment_id) -> xr.Dataset:
-        return skeleton_dataset(self.reader.get(int(segment_id)), self.reader.url)
+        return skeleton_dataset(self.reader.get(segment_id), self.reader.url)
 
     def __contains__(self, segment_id) -> bool:
-        return self.reader.get_many([int(segment_id)], missing="skip")[0] is not None
+        return self.reader.get_many([segment_id], missing="skip")[0] is not None
 
     def get(self, ids, *, missing: str = "raise") -> xr.Dataset:
         """Many skeletons as one ragged Dataset, read with one round of requests per shard.
@@ -155,7 +155,7 @@ class Meshes:
         return self.reader.info
 
     def get(self, segment_id, lod: int = 0) -> xr.Dataset:
-        return mesh_dataset(self.reader.get(int(segment_id), lod), self.reader.url, lod)
+        return mesh_dataset(self.reader.get(segment_id, lod), self.reader.url, lod)
 
     def __getitem__(self, segment_id) -> xr.Dataset:
         return self.get(segment_id)

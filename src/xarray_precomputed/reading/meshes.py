@@ -14,7 +14,7 @@ from ..codecs.mesh import (
     decode_legacy_fragment,
     decode_multilod_manifest,
 )
-from ..errors import CorruptChunkError, MissingObjectError
+from ..errors import ArgumentError, CorruptChunkError, MissingObjectError
 from ..format.mesh_info import (
     LegacyMeshInfo,
     MeshInfo,
@@ -110,7 +110,7 @@ class LegacyMeshReader(MeshReader):
 
     def get_many(self, ids, lod: int = 0) -> list[Mesh]:
         if lod != 0:
-            raise ValueError(f"a legacy mesh has one level of detail (0), not {lod}")
+            raise ArgumentError(f"a legacy mesh has one level of detail (0), not {lod}")
         keys = as_ids(ids).tolist()
         manifests = get_values(self.kv, np.array(keys, np.uint64))
         names: list[list[str]] = []
@@ -157,8 +157,8 @@ class MultilodMeshReader(MeshReader):
 
     def _check_lod(self, k: int, m: MultilodManifest, lod: int, where: object) -> None:
         if not 0 <= lod < m.num_lods:
-            raise ValueError(f"segment {k} has levels of detail 0 to {m.num_lods - 1}, not {lod} "
-                             f"({where})")
+            raise ArgumentError(f"segment {k} has levels of detail 0 to {m.num_lods - 1}, not "
+                                f"{lod} ({where})")
 
     def _unsharded_pieces(self, keys: np.ndarray, lod: int):
         raws = get_values(self.kv, keys)

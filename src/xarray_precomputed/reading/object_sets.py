@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InfoError
+from ..errors import ArgumentError, InfoError
 from ..format.info import ShardingSpec
 from ..format.objects_info import load_json, named_directory
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
@@ -158,7 +158,12 @@ def as_ids(ids: Any) -> np.ndarray:
     """Segment ids as uint64 (one or many); refuses negative and non-integer ids."""
     a = np.asarray(ids)
     if a.dtype == object or a.dtype.kind not in "iu":
-        raise TypeError(f"segment ids must be integers, got {a.dtype}")
+        raise ArgumentError(f"segment ids must be integers, got {a.dtype}")
     if a.dtype.kind == "i" and a.size and int(a.min()) < 0:
-        raise ValueError(f"segment ids must be non-negative, got {int(a.min())}")
+        raise ArgumentError(f"segment ids must be non-negative, got {int(a.min())}")
     return a.astype(np.uint64).reshape(-1)
+
+
+def check_missing(missing: str) -> None:
+    if missing not in ("raise", "skip"):
+        raise ArgumentError(f"missing must be 'raise' or 'skip', got {missing!r}")

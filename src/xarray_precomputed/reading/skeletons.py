@@ -11,7 +11,8 @@ import numpy as np
 from ..codecs.skeleton import decode_skeleton
 from ..errors import MissingObjectError
 from ..format.skeleton_info import SkeletonInfo, is_skeleton_info, parse_skeleton_info
-from .object_sets import ObjectDir, Where, as_ids, get_values, key_value, open_object_dir
+from ..kvstore import ShardedKeyValue
+from .object_sets import ObjectDir, Where, as_ids, check_missing, get_values, key_value, open_object_dir
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class SkeletonReader:
     def get_many(self, ids, *, missing: str = "raise") -> list[Skeleton | None]:
         """The skeletons of `ids`, in order. An absent one raises MissingObjectError naming it
         (`missing="skip"`: None in its place)."""
+        check_missing(missing)
         keys = as_ids(ids)
         out: list[Skeleton | None] = []
         for k, buf in zip(keys.tolist(), get_values(self.kv, keys)):
@@ -90,7 +92,7 @@ class SkeletonReader:
 
     def ids(self, partition: object | None = None) -> np.ndarray:
         """The segment ids stored (in one partition, or in all), from indices or the listing."""
-        if partition is not None or not hasattr(self.kv, "spec"):
+        if partition is not None or not isinstance(self.kv, ShardedKeyValue):
             return self.kv.keys_in(partition)
         found = [self.kv.keys_in(p) for p in self.kv.partitions()]
         return np.sort(np.concatenate(found)) if found else np.zeros(0, np.uint64)
