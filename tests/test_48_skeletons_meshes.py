@@ -476,3 +476,30 @@ def test_every_kind_reads_the_same_over_http(sets):
                     local_m.get_many(ids, lod).drop_attrs())
         sharded = [r for r in srv.requests if "skeletons_sharded" in r[1] and r[1].endswith(".shard")]
         assert sharded  # the sharded set was read through byte ranges of its shard files
+
+
+def test_one_key_hash_equals_the_array_hash():
+    """Objects read one id at a time hash it in Python ints; the same bits as the numpy path."""
+    from xarray_precomputed.format.info import ShardingSpec
+    from xarray_precomputed.format.sharding import hash_ids
+
+    spec = ShardingSpec.from_json({"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0,
+                                   "hash": "murmurhash3_x86_128", "minishard_bits": 3,
+                                   "shard_bits": 4})
+    rng = np.random.default_rng(5)
+    keys = np.concatenate([rng.integers(0, 2 ** 63, 3000, dtype=np.uint64) * np.uint64(2),
+                           np.array([0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1] + IDS, np.uint64)])
+    whole = hash_ids(keys, spec)
+    assert [int(hash_ids(keys[i:i + 1], spec)[0]) for i in range(len(keys))] == whole.tolist()
+
+
+def test_numpy_readers_below_the_glue(sets):
+    """The readers under `Skeletons` and `Meshes` give plain arrays (no xarray)."""
+    from xarray_precomputed.reading.meshes import MeshReader
+    from xarray_precomputed.reading.skeletons import SkeletonReader
+
+    s = SkeletonReader.open(str(sets / "skeletons_sharded")).get(77)
+    assert isinstance(s.vertices, np.ndarray) and s.vertices.shape[1] == 3
+    assert isinstance(s.attributes["radius"], np.ndarray)
+    m = MeshReader.open(str(sets / "mesh_multires")).get(77, lod=1)
+    assert isinstance(m.faces, np.ndarray) and m.faces.dtype == np.uint32 and m.faces.shape[1] == 3
