@@ -503,3 +503,41 @@ def test_numpy_readers_below_the_glue(sets):
     assert isinstance(s.attributes["radius"], np.ndarray)
     m = MeshReader.open(str(sets / "mesh_multires")).get(77, lod=1)
     assert isinstance(m.faces, np.ndarray) and m.faces.dtype == np.uint32 and m.faces.shape[1] == 3
+
+
+def test_damaged_bytes_decode_or_raise_the_corrupt_data_error(sets):
+    """Bytes damaged anywhere (flipped, truncated) in Draco fragments, multilod manifests,
+    legacy fragments and skeletons either decode or raise CorruptChunkError, nothing else."""
+    from xarray_precomputed.codecs.mesh import (
+        decode_draco_fragment,
+        decode_legacy_fragment,
+        decode_multilod_manifest,
+    )
+    from xarray_precomputed.codecs.skeleton import decode_skeleton
+
+    d = _object_dir(sets / "mesh_multires", "mesh")
+    manifest = (d / "77.index").read_bytes()
+    sizes = decode_multilod_manifest(manifest, where="77.index").fragment_sizes[0]
+    draco = (d / "77").read_bytes()[:int(sizes[0])]
+    legacy_dir = _object_dir(sets / "mesh_legacy", "mesh")
+    legacy = gzip.decompress(sorted(legacy_dir.glob("77:0:*.gz"))[0].read_bytes())
+    skeleton = gzip.decompress((_object_dir(sets / "skeletons", "skeletons") / "77.gz").read_bytes())
+    layout = (("radius", "float32", 1),)
+    decoders = [(draco, lambda b: decode_draco_fragment(b, where="f")),
+                (manifest, lambda b: decode_multilod_manifest(b, where="m")),
+                (legacy, lambda b: decode_legacy_fragment(b, where="l")),
+                (skeleton, lambda b: decode_skeleton(b, layout, where="s"))]
+    rng = np.random.default_rng(11)
+    for blob, decode in decoders:
+        refused = 0
+        for _ in range(400):
+            b = bytearray(blob)
+            for _ in range(int(rng.integers(1, 6))):
+                b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+            if rng.random() < 0.3:
+                b = b[:int(rng.integers(0, len(b)))]
+            try:
+                decode(bytes(b))
+            except CorruptChunkError:
+                refused += 1
+        assert refused > 0

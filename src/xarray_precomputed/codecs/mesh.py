@@ -117,12 +117,17 @@ def decode_draco_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray
     draco = _dracopy()
     try:
         mesh = draco.decode(bytes(buf))
+        points = np.asarray(mesh.points)
+        faces = np.asarray(mesh.faces)
     except Exception as e:  # DracoPy raises its own error types, and ValueError/RuntimeError
         raise CorruptChunkError(f"Draco fragment cannot be decoded: {e}", chunk=where) from None
-    points = np.asarray(mesh.points).reshape(-1, 3)
-    faces = np.asarray(mesh.faces).reshape(-1, 3)
-    if faces.dtype.kind not in "iu":
-        faces = faces.astype(np.int64)
+    # damage can leave a stream that decodes, to a point cloud or to arrays of another shape
+    if points.size % 3 or faces.size % 3 or faces.dtype.kind not in "iu" or points.dtype.kind not in "iuf":
+        raise CorruptChunkError(f"Draco fragment decodes to {points.size} position values and "
+                                f"{faces.size} {faces.dtype} face values, not xyz triangles",
+                                chunk=where)
+    points = points.reshape(-1, 3)
+    faces = faces.reshape(-1, 3)
     if len(faces) and (int(faces.max()) >= len(points) or int(faces.min()) < 0):
         raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}", chunk=where)
     return points, faces.astype(np.uint32, copy=False)
