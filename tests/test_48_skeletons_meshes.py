@@ -207,6 +207,21 @@ def test_mesh_levels_differ_and_bad_levels_are_refused(sets):
 
 
 @pytest.mark.parametrize("kind", MESH_KINDS)
+def test_all_meshes_as_dask_one_task_per_shard(sets, kind):
+    import dask
+
+    me = xp.Meshes.open(str(sets / kind))
+    parts = me.to_delayed()
+    sharding = getattr(me.info, "sharding", None)
+    assert len(parts) == (1 if sharding is None else 1 << sharding.shard_bits)
+    got = dask.compute(*parts, scheduler="sync")
+    assert sorted(np.concatenate([p.segment.values for p in got]).tolist()) == IDS
+    for part in got:
+        for i, sid in enumerate(part.segment.values.tolist()):
+            assert int(part.face_count[i]) == me.get(sid).sizes["face"]
+
+
+@pytest.mark.parametrize("kind", MESH_KINDS)
 def test_many_meshes_are_ragged_arrays(sets, kind):
     me = xp.Meshes.open(str(sets / kind))
     ids = [77, 5, 2 ** 40 + 3]

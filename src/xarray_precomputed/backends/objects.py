@@ -168,5 +168,21 @@ class Meshes:
     def ids(self) -> np.ndarray:
         return self.reader.ids()
 
+    def read_partition(self, partition, lod: int = 0) -> xr.Dataset:
+        """Every mesh of one shard (one partition) at level `lod`, as a ragged Dataset."""
+        return self.get_many(self.reader.kv.keys_in(partition), lod)
+
+    def to_delayed(self, lod: int = 0) -> list:
+        """Every mesh of the set at level `lod`, as one `dask.delayed` ragged Dataset per shard
+        (each task lists its shard's keys, so building the list reads nothing)."""
+        import dask
+
+        read = dask.delayed(_read_mesh_partition, pure=True)
+        return [read(self.reader, p, lod) for p in self.reader.partitions()]
+
     def __repr__(self) -> str:
         return f"<Meshes {self.reader.url} ({type(self.reader.info).__name__})>"
+
+
+def _read_mesh_partition(reader: MeshReader, partition, lod: int) -> xr.Dataset:
+    return Meshes(reader).read_partition(partition, lod)

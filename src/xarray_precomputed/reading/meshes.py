@@ -24,7 +24,7 @@ from ..format.mesh_info import (
     parse_mesh_info,
 )
 from ..format.sharding import decode_gzip
-from ..kvstore import ShardedKeyValue
+from ..kvstore import KeyValue, ShardedKeyValue
 from .object_sets import (
     MAX_OBJECT_BYTES,
     ObjectDir,
@@ -93,8 +93,16 @@ class MeshReader:
     def get_many(self, ids, lod: int = 0) -> list[Mesh]:
         raise NotImplementedError
 
+    kv: KeyValue
+
     def ids(self) -> np.ndarray:
-        raise NotImplementedError
+        """Every segment id with a mesh (from shard indices, or the directory listing)."""
+        found = [self.kv.keys_in(p) for p in self.kv.partitions()]
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, np.uint64)
+
+    def partitions(self):
+        """The independent parts of the set: shards (one for an unsharded directory)."""
+        return self.kv.partitions()
 
     def _missing(self, segment_id: int, where: object) -> MissingObjectError:
         return MissingObjectError(f"no mesh for segment {segment_id}", segment_id=segment_id,
@@ -133,9 +141,6 @@ class LegacyMeshReader(MeshReader):
                 parts.append(decode_legacy_fragment(blob, where=where))
             out.append(merge(k, parts))
         return out
-
-    def ids(self) -> np.ndarray:
-        return self.kv.keys_in(None)
 
 
 class MultilodMeshReader(MeshReader):
@@ -268,7 +273,3 @@ class MultilodMeshReader(MeshReader):
         base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
         stored = base + scale * (node_pos + allp / quant)
         return Mesh(k, self.transform(stored), all_faces)
-
-    def ids(self) -> np.ndarray:
-        found = [self.kv.keys_in(p) for p in self.kv.partitions()]
-        return np.sort(np.concatenate(found)) if found else np.zeros(0, np.uint64)
