@@ -65,6 +65,18 @@ class MissingChunkError(ChunkError, KeyError):
         return Exception.__str__(self)
 
 
+class MissingObjectError(ChunkError, KeyError):
+    """No skeleton or mesh is stored under the segment id asked for; names the id and where it
+    was looked for (`segment_id` holds the id)."""
+
+    def __init__(self, message: str, *, segment_id: int, chunk: object = None):
+        super().__init__(message, chunk=chunk)
+        self.segment_id = segment_id
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return Exception.__str__(self)
+
+
 class CorruptChunkError(ChunkError, ValueError):
     """A chunk's bytes cannot be decoded (wrong length, corrupt encoding, decompression bomb)."""
 
