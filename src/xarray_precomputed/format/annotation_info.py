@@ -108,6 +108,19 @@ class SpatialLevel:
                     j += 1
         return out
 
+    def cells_of_keys(self, keys) -> np.ndarray:
+        """The grid cells ((n, rank) int64) of compressed Morton codes: `cell_keys` inverted."""
+        keys = np.asarray(keys, np.uint64).reshape(-1)
+        bits = [max(0, g - 1).bit_length() for g in self.grid_shape]
+        out = np.zeros((len(keys), len(bits)), np.uint64)
+        j = 0
+        for i in range(max(bits, default=0)):
+            for d, b in enumerate(bits):
+                if i < b:
+                    out[:, d] |= ((keys >> np.uint64(j)) & np.uint64(1)) << np.uint64(i)
+                    j += 1
+        return out.astype(np.int64)
+
     def cell_name(self, cell) -> str:
         """The unsharded file name of a grid cell: its coordinates joined by '_'."""
         return "_".join(str(int(c)) for c in cell)
