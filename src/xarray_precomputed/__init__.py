@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 # Writers load on first use: reading needs neither them nor zarr.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples"}
+         "downsample": ".writing.downsample", "Annotations": ".backends.annotations", "sample_volume": ".samples", "sample_data": ".samples"}
 
 
 def __getattr__(name: str):
@@ -47,5 +47,5 @@ __all__ = [
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data",
+    "downsample", "sample_volume", "sample_data", "Annotations",
 ]

@@ -16,7 +16,7 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from ..codecs.registry import encoding_options
-from ..errors import ArgumentError
+from ..errors import ArgumentError, InfoError
 from ..reading.missing import MissingCount, check_count
 from ..reading.volume import ScaleReader, Volume
 from .conventions import (
@@ -287,7 +287,18 @@ def _looks_like_volume_dir(path: str) -> bool:
         doc = json.loads(head)
     except ValueError:
         return False
-    return isinstance(doc, dict) and "scales" in doc and "data_type" in doc
+    return isinstance(doc, dict) and ("scales" in doc and "data_type" in doc
+                                      or doc.get("@type") == "neuroglancer_annotations_v1")
+
+
+def _annotations_or_none(filename_or_obj, storage_options, info, drop_variables) -> xr.Dataset | None:
+    """The whole annotation table when the info (which is no volume's) is an annotation set's."""
+    from .annotations import is_annotation_dir, open_annotation_dataset
+
+    if not is_annotation_dir(filename_or_obj, storage_options, info):
+        return None
+    return open_annotation_dataset(os.fspath(filename_or_obj), storage_options=storage_options,
+                                   info=info, drop_variables=drop_variables)
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
@@ -331,7 +342,13 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+        try:
+            vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+        except InfoError:
+            annotations = _annotations_or_none(filename_or_obj, storage_options, info, drop_variables)
+            if annotations is None:
+                raise
+            return annotations
         which = pick_scale(scale, group, len(vol.info.scales))
         return drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
                                   preferred_chunks, order), drop_variables)
