@@ -29,9 +29,10 @@ from .reading.volume import ScaleReader, Volume, open_volume
 
 __version__ = "0.1.0"
 
-# Writers load on first use: reading needs neither them nor zarr.
+# Writers, and the annotation front door (xarray), load on first use: reading needs none of them.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample", "Annotations": ".backends.annotations", "sample_volume": ".samples", "sample_data": ".samples"}
+         "downsample": ".writing.downsample",
+         "Annotations": ".backends.annotations", "sample_volume": ".samples", "sample_data": ".samples"}
 
 
 def __getattr__(name: str):
