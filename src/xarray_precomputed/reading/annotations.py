@@ -161,19 +161,24 @@ class AnnotationSource:
     # ---- spatial ----------------------------------------------------------------------------
 
     def level_cells(self, level: SpatialLevel, lower, upper) -> np.ndarray:
-        """(n, rank) grid cells of `level` whose closed box meets the closed box [lower, upper]."""
+        """(n, rank) grid cells of `level` whose closed box meets the closed box [lower, upper].
+        The cells on the grid's faces count as reaching out to infinity: writers store
+        annotations beyond the info's bounds there (neuroglancer's writer takes an ellipsoid's
+        upper bound from its radii, a line's from its second points only)."""
         lo, hi = self._box(lower, upper)
         origin = np.asarray(self.info.lower_bound)
         size = np.asarray(level.chunk_size)
         grid = np.asarray(level.grid_shape)
-        first = np.clip(np.floor((lo - origin) / size) - 1, 0, grid)  # - 1: a face shared with the
-        last = np.clip(np.floor((hi - origin) / size) + 1, 0, grid)   # cell before counts too
-        if np.any(last <= first):
+        # +-1: a face shared with the neighbouring cell counts too
+        first = np.clip(np.floor((lo - origin) / size) - 1, 0, grid - 1).astype(np.int64)
+        last = np.clip(np.floor((hi - origin) / size) + 1, 0, grid - 1).astype(np.int64)
+        if np.any(last < first):
             return np.zeros((0, self.info.rank), np.int64)
-        axes = [np.arange(a, b, dtype=np.int64) for a, b in zip(first.astype(int), last.astype(int))]
+        axes = [np.arange(a, b + 1, dtype=np.int64) for a, b in zip(first, last)]
         cells = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, self.info.rank)
-        c_lo = origin + cells * size
-        keep = np.all((c_lo <= hi) & (c_lo + size >= lo), axis=1)
+        c_lo = np.where(cells == 0, -np.inf, origin + cells * size)
+        c_hi = np.where(cells == grid - 1, np.inf, origin + (cells + 1) * size)
+        keep = np.all((c_lo <= hi) & (c_hi >= lo), axis=1)
         return cells[keep]
 
     def read_cells(self, level: SpatialLevel, cells) -> AnnotationColumns:
