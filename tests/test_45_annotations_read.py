@@ -415,3 +415,19 @@ def test_upper_case_type_and_engine_guess(ng_sets, tmp_path):
     ds = xr.open_dataset(str(path))  # the engine guessed from the info
     assert ds.sizes["annotation"] == N_NG
     assert ds.attrs["annotation_type"] == "point"
+
+
+def test_cli_info_describes_the_set(sk_sets, capsys):
+    from xarray_precomputed import cli
+
+    path, truth = sk_sets["point"]
+    assert cli.main(["info", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"point, {len(truth.ids):,} annotations" in text
+    assert "property     kind uint8, enum {0: 'alpha', 1: 'beta gamma', 2: 'delta'}" in text
+    assert "relationship pre -> " in text and "(sharded)" in text
+    assert cli.main(["info", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    n_levels = len(json.loads((path / "info").read_text())["spatial"])
+    assert doc["count"] == len(truth.ids) and len(doc["spatial"]) == n_levels
+    assert {p["id"] for p in doc["properties"]} == {p for p, _, _ in truth.prop_specs}

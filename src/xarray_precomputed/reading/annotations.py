@@ -94,6 +94,40 @@ class AnnotationSource:
             self._kv["s:" + level.path] = kv
         return kv
 
+    def count(self, *, max_parts: int = 1024) -> int | None:
+        """How many annotations the by_id index holds, from its minishard indexes (or folder
+        listing) alone; None where that would take more than `max_parts` shards."""
+        kv = self.index(self.info.by_id)
+        spec = self.info.by_id.sharding
+        if spec is not None and (1 << spec.shard_bits) > max_parts:
+            return None
+        try:
+            return sum(len(kv.keys_in(p)) for p in kv.partitions())
+        except (NotImplementedError, StorageError):
+            return None
+
+    def summary(self) -> dict:
+        """What the set is: type, dimensions, bounds, properties, relationships, index layout,
+        spatial levels, count where known (for `xarray-precomputed info`)."""
+        info = self.info
+
+        def sharded(spec) -> str:
+            return "sharded" if spec is not None else "unsharded"
+
+        return {
+            "url": self.url, "kind": "annotations", "annotation_type": info.annotation_type,
+            "dimensions": {n: [s, u] for n, s, u in info.dimensions},
+            "lower_bound": list(info.lower_bound), "upper_bound": list(info.upper_bound),
+            "properties": [p.to_json() for p in info.properties],
+            "relationships": [{"id": r.id, "key": r.key, "layout": sharded(r.sharding)}
+                              for r in info.relationships],
+            "by_id": {"key": info.by_id.key, "layout": sharded(info.by_id.sharding)},
+            "spatial": [{"key": s.key, "grid_shape": list(s.grid_shape),
+                         "chunk_size": list(s.chunk_size), "limit": s.limit,
+                         "layout": sharded(s.sharding)} for s in info.spatial],
+            "count": self.count(),
+        }
+
     # ---- by id ------------------------------------------------------------------------------
 
     def by_id(self, ids, *, missing: str = "drop") -> AnnotationColumns:
