@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -431,3 +432,14 @@ def test_cli_info_describes_the_set(sk_sets, capsys):
     n_levels = len(json.loads((path / "info").read_text())["spatial"])
     assert doc["count"] == len(truth.ids) and len(doc["spatial"]) == n_levels
     assert {p["id"] for p in doc["properties"]} == {p for p, _, _ in truth.prop_specs}
+
+
+def test_docs_example_runs(tmp_path, monkeypatch):
+    """The example of docs/annotations.md runs as written."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "annotations.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, "docs/annotations.md", "exec"), {"__name__": "docs"})
+    assert (tmp_path / "synapses" / "info").is_file()
