@@ -25,6 +25,7 @@ from annotation_truth import (
     Truth,
     brute_in_box,
     make_truth,
+    reshard,
     reverse_cell_names,
     write_neuroglancer,
     write_ngsidekick,
@@ -451,3 +452,67 @@ def test_docs_example_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "docs/annotations.md", "exec"), {"__name__": "docs"})
     assert (tmp_path / "synapses" / "info").is_file()
+
+
+# ---- lazy: dask DataFrames, one partition per shard ---------------------------------------------
+
+SHARDING_4 = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 2, "hash": "murmurhash3_x86_128",
+              "minishard_bits": 2, "shard_bits": 2, "minishard_index_encoding": "gzip",
+              "data_encoding": "gzip"}
+
+
+@pytest.fixture(scope="module")
+def resharded(sk_sets, tmp_path_factory):
+    """ngsidekick's ellipsoid set with by_id and `pre` rewritten into 4 shards by TensorStore."""
+    path = tmp_path_factory.mktemp("resharded") / "set"
+    shutil.copytree(sk_sets["ellipsoid"][0], path)
+    reshard(path, "by_id", SHARDING_4)
+    reshard(path, "pre", SHARDING_4)
+    return path, sk_sets["ellipsoid"][1]
+
+
+def test_dask_dataframe_one_partition_per_shard(resharded):
+    path, truth = resharded
+    ann = xp.Annotations.open(str(path))
+    assert_matches(ann.by_id(truth.ids), truth, relationships=True)  # ids from all 4 shards
+    assert_relationship_inverse(ann.source, truth)
+    ddf = ann.to_dask_dataframe()
+    assert ddf.npartitions == 4
+    df = ddf.compute()
+    np.testing.assert_array_equal(np.sort(df.index.values), np.sort(truth.ids))
+    rows = [truth.row(int(i)) for i in df.index.values]
+    for k, axis in enumerate("xyz"):
+        np.testing.assert_array_equal(df[f"center_{axis}"].values, truth.geometry["center"][rows, k])
+        np.testing.assert_array_equal(df[f"radii_{axis}"].values, truth.geometry["radii"][rows, k])
+    for pid, ptype, _ in truth.prop_specs:
+        if ptype in ("rgb", "rgba"):
+            got = np.stack([df[f"{pid}_{c}"].values for c in "rgba"[:len(ptype)]], axis=1)
+            np.testing.assert_array_equal(got, truth.properties[pid][rows])
+        else:
+            np.testing.assert_array_equal(df[pid].values, truth.properties[pid][rows])
+            assert df[pid].dtype == truth.properties[pid].dtype
+    # a partition's keys are its shard's: each id lies in the shard the spec hashes it to
+    parts = ann.source.partitions("by_id")
+    kv = ann.source.index(ann.info.by_id)
+    for part, frame in zip(parts, ddf.to_delayed()):
+        ids = frame.compute().index.values.astype(np.uint64)
+        assert len(ids) and np.all(kv.locate(ids)[0] == part[1])
+
+
+def test_dask_distributed_count_per_segment(resharded):
+    """A count of annotations per segment over the whole relationship index, on a
+    dask.distributed cluster of processes (tasks pickle to URL, options and info)."""
+    from dask.distributed import Client, LocalCluster
+
+    path, truth = resharded
+    want = {}
+    for lists in truth.relationships["pre"]:
+        for s in lists:
+            want[s] = want.get(s, 0) + 1
+    ann = xp.Annotations.open(str(path))
+    pairs = ann.related_frame("pre")
+    assert pairs.npartitions == 4
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster):
+        counts = pairs.groupby("segment").size().compute()
+    assert {int(k): int(v) for k, v in counts.items()} == want
