@@ -516,3 +516,15 @@ def test_dask_distributed_count_per_segment(resharded):
             Client(cluster):
         counts = pairs.groupby("segment").size().compute()
     assert {int(k): int(v) for k, v in counts.items()} == want
+
+
+def test_bad_arguments_name_what_is_wrong(ng_sets):
+    ann = xp.Annotations.open(str(ng_sets["line"][0]))
+    with pytest.raises(xp.ArgumentError, match="no relationship 'nope'; the set has \\['pre', 'post'\\]"):
+        ann.related("nope", [1])
+    with pytest.raises(xp.ArgumentError, match="need 3 coordinates"):
+        ann.in_box([0, 0], [1, 1])
+    with pytest.raises(xp.ArgumentError, match="missing must be"):
+        ann.by_id([1], missing="zero")
+    with pytest.raises(xp.ArgumentError, match="use source='by_id'"):
+        ann.to_dask_dataframe(source="spatial")

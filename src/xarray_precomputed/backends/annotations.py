@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 
 from ..codecs.annotation_records import AnnotationColumns
+from ..errors import ArgumentError
 from ..format.annotation_info import AnnotationInfo, is_annotation_info
 from ..reading.annotations import AnnotationSource
 from ..storage import open_store, strip_scheme_prefix
@@ -93,7 +94,7 @@ class Annotations:
             return annotation_dataset(self.source.read_all(), self.source, "spatial")
         if source == "by_id":
             return annotation_dataset(self.source.by_id_all(), self.source, "by_id")
-        raise ValueError(f"source must be 'spatial' or 'by_id', got {source!r}")
+        raise ArgumentError(f"source must be 'spatial' or 'by_id', got {source!r}")
 
 
     def to_dask_dataframe(self, *, source: str | None = None):

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..codecs.annotation_records import AnnotationColumns, RecordLayout, concat_columns
-from ..errors import CorruptChunkError, MissingChunkError, StorageError
+from ..errors import ArgumentError, CorruptChunkError, MissingChunkError, StorageError
 from ..format.annotation_info import AnnotationInfo, IndexSpec, SpatialLevel, parse_annotation_info
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
@@ -136,7 +136,7 @@ class AnnotationSource:
         """The annotations with these ids, in the order asked (an id asked twice gives two rows).
         An absent id is left out (`missing="drop"`) or raises MissingChunkError ("raise")."""
         if missing not in ("drop", "raise"):
-            raise ValueError(f"missing must be 'drop' or 'raise', got {missing!r}")
+            raise ArgumentError(f"missing must be 'drop' or 'raise', got {missing!r}")
         ids = np.asarray(ids, np.uint64).reshape(-1)
         unique, inverse = np.unique(ids, return_inverse=True)
         kv = self.index(self.info.by_id)
@@ -180,12 +180,12 @@ class AnnotationSource:
             return [("by_id", p) for p in self.index(self.info.by_id).partitions()]
         if source == "spatial":
             if self.layout.annotation_type != "point":
-                raise ValueError(f"source='spatial' splits a set into parts only for points: "
+                raise ArgumentError(f"source='spatial' splits a set into parts only for points: "
                                  f"{self.layout.annotation_type} annotations are stored in every "
                                  f"cell they meet; use source='by_id'")
             return [("spatial", lv.index, p) for lv in self.info.spatial
                     for p in self.level_partitions(lv)]
-        raise ValueError(f"source must be 'by_id' or 'spatial', got {source!r}")
+        raise ArgumentError(f"source must be 'by_id' or 'spatial', got {source!r}")
 
     def read_partition(self, part: tuple) -> AnnotationColumns:
         """The annotations of one part of `partitions` (by_id parts sorted by id, with their
@@ -201,10 +201,7 @@ class AnnotationSource:
     def related(self, relationship: str, segment_ids) -> AnnotationColumns:
         """The annotations related to any of `segment_ids`, each once, sorted by id (no
         relationship lists: the relationship index stores the multiple-annotation encoding)."""
-        try:
-            spec = self.info.relationship(relationship)
-        except KeyError as e:
-            raise KeyError(str(e.args[0])) from None
+        spec = self.info.relationship(relationship)
         segs = np.unique(np.asarray(segment_ids, np.uint64).reshape(-1))
         kv = self.index(spec)
         parts = self._decode_lists(kv, segs, kv.get_many(segs))
@@ -325,7 +322,7 @@ class AnnotationSource:
         lo = np.asarray(lower, np.float64).reshape(-1)
         hi = np.asarray(upper, np.float64).reshape(-1)
         if len(lo) != self.info.rank or len(hi) != self.info.rank:
-            raise ValueError(f"lower and upper need {self.info.rank} coordinates "
+            raise ArgumentError(f"lower and upper need {self.info.rank} coordinates "
                              f"({', '.join(self.info.dimension_names)}), got {len(lo)} and {len(hi)}")
         return lo, hi
 
