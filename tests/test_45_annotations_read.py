@@ -528,3 +528,43 @@ def test_bad_arguments_name_what_is_wrong(ng_sets):
         ann.by_id([1], missing="zero")
     with pytest.raises(xp.ArgumentError, match="use source='by_id'"):
         ann.to_dask_dataframe(source="spatial")
+
+
+@pytest.mark.parametrize("annotation_type", ["line", "ellipsoid"])
+def test_rank_four(tmp_path, annotation_type):
+    """Any rank: a 4-d set (x, y, z, t) written by neuroglancer's writer."""
+    from neuroglancer import CoordinateSpace
+    from neuroglancer.write_annotations import AnnotationWriter
+
+    rng = np.random.default_rng(7)
+    a = rng.uniform(0, 100, (30, 4)).astype(np.float32)
+    b = (a + rng.uniform(1, 20, (30, 4))).astype(np.float32)
+    w = AnnotationWriter(CoordinateSpace(names=["x", "y", "z", "t"], units=["nm", "nm", "nm", "s"],
+                                         scales=[1, 1, 1, 2]), annotation_type)
+    add = w.add_line if annotation_type == "line" else w.add_ellipsoid
+    for i in range(30):
+        add(a[i], b[i], id=i + 1)
+    w.write(str(tmp_path / "set"))
+    ann = xp.Annotations.open(str(tmp_path / "set"))
+    ds = xr.open_dataset(str(tmp_path / "set"), engine="precomputed")
+    assert list(ds["axis"].values) == ["x", "y", "z", "t"] and ds["axis"].attrs["units"][3] == "s"
+    names = ("point_a", "point_b") if annotation_type == "line" else ("center", "radii")
+    np.testing.assert_array_equal(ds[names[0]].values, a[ds["annotation"].values.astype(np.int64) - 1])
+    np.testing.assert_array_equal(ds[names[1]].values, b[ds["annotation"].values.astype(np.int64) - 1])
+    lo, hi = np.full(4, 30.0), np.full(4, 70.0)
+    got = ann.in_box(lo, hi)["annotation"].values
+    want = [i + 1 for i in range(30) if _meets4(annotation_type, a[i], b[i], lo, hi)]
+    assert got.tolist() == want and len(want) > 0
+
+
+def _meets4(annotation_type, a, b, lo, hi) -> bool:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    if annotation_type == "ellipsoid":
+        nearest = np.clip(a, lo, hi)
+        return float((((nearest - a) / b) ** 2).sum()) <= 1.0
+    t0, t1 = 0.0, 1.0
+    for k in range(4):
+        d = b[k] - a[k]
+        u, v = sorted(((lo[k] - a[k]) / d, (hi[k] - a[k]) / d))
+        t0, t1 = max(t0, u), min(t1, v)
+    return t0 <= t1
