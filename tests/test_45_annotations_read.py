@@ -568,3 +568,12 @@ def _meets4(annotation_type, a, b, lo, hi) -> bool:
         u, v = sorted(((lo[k] - a[k]) / d, (hi[k] - a[k]) / d))
         t0, t1 = max(t0, u), min(t1, v)
     return t0 <= t1
+
+
+def test_context_holds_the_store(sk_sets):
+    """A Context of the user's holds the set's store (not the default context's), and reads go through it."""
+    path, truth = sk_sets["point"]
+    ctx = xp.Context()
+    ann = xp.Annotations.open(str(path), context=ctx)
+    assert ann.source.store is not xp.Annotations.open(str(path)).source.store
+    assert_matches(ann.by_id(truth.ids[:50]), truth, relationships=True)

@@ -42,9 +42,11 @@ class Annotations:
         self.source = source
 
     @classmethod
-    def open(cls, url, storage_options: dict | None = None, *, info: Any = None) -> "Annotations":
+    def open(cls, url, storage_options: dict | None = None, *, info: Any = None,
+             context: Any = None) -> "Annotations":
+        """Reads the `info` only (or takes `info=`); `context` as for volumes."""
         return cls(AnnotationSource.open(str(url), storage_options=check_options(storage_options),
-                                         info=info))
+                                         info=info, context=context))
 
     @property
     def info(self) -> AnnotationInfo:

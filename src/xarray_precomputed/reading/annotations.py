@@ -56,9 +56,11 @@ class AnnotationSource:
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, info: Any = None,
-             ) -> "AnnotationSource":
+             context: Any = None) -> "AnnotationSource":
+        """`info` (a mapping, JSON text or AnnotationInfo) replaces the stored one; `context`
+        (a `Context`) holds the store and its index caches (the default one when None)."""
         url = strip_scheme_prefix(str(url))
-        store = open_store(url, storage_options)
+        store = open_store(url, storage_options, context=context)
         source = None
         if info is None:
             info = store.read("info")
