@@ -577,3 +577,16 @@ def test_context_holds_the_store(sk_sets):
     ann = xp.Annotations.open(str(path), context=ctx)
     assert ann.source.store is not xp.Annotations.open(str(path)).source.store
     assert_matches(ann.by_id(truth.ids[:50]), truth, relationships=True)
+
+
+def test_dask_dataset_one_chunk_per_shard(resharded):
+    """Sizes and ids from the minishard indexes at once, records when computed."""
+    path, truth = resharded
+    ann = xp.Annotations.open(str(path))
+    lazy = ann.to_dask_dataset()
+    assert lazy["center"].chunks[0] == tuple(len(ann.source.index(ann.info.by_id).keys_in(s))
+                                             for s in range(4))
+    np.testing.assert_array_equal(np.sort(lazy["annotation"].values), np.sort(truth.ids))
+    computed = lazy.compute()
+    assert_matches(computed, truth, relationships=False)
+    assert "pre" not in computed and computed.attrs["annotation_type"] == "ellipsoid"

@@ -116,6 +116,38 @@ class Annotations:
         return dd.from_map(_read_frame_part, parts, args=(self._state(),), meta=meta,
                            enforce_metadata=False)
 
+    def to_dask_dataset(self) -> xr.Dataset:
+        """Every annotation as a dask-backed Dataset of the module's layout, one chunk along
+        `annotation` per shard of the by_id index: the ids (the coordinate) and so the sizes
+        come from the minishard indexes at once, the records when computed. Holds geometry,
+        properties and a polyline's `point_count`; ragged values (a polyline's points,
+        relationship lists) have no size before they are read: `by_id` and `related` give them."""
+        import dask
+        import dask.array as da
+
+        kv = self.source.index(self.info.by_id)
+        parts = list(self.source.partitions("by_id"))
+        keys = [kv.keys_in(p[1]) for p in parts]
+        parts = [p for p, k in zip(parts, keys) if len(k)]
+        keys = [k for k in keys if len(k)]
+        template = annotation_dataset(self.source.layout.empty(), self.source, "by_id")
+        names = [n for n, v in template.data_vars.items()
+                 if v.dims[0] == ANNOTATION and "relationship" not in v.attrs]
+        state = self._state()
+        columns = [dask.delayed(_read_columns_part)(part, state, names) for part in parts]
+        data = {}
+        for n in names:
+            var = template[n]
+            blocks = [da.from_delayed(c[n], shape=(len(k), *var.shape[1:]), dtype=var.dtype)
+                      for c, k in zip(columns, keys)]
+            arr = da.concatenate(blocks) if blocks else np.zeros((0, *var.shape[1:]), var.dtype)
+            data[n] = xr.Variable(var.dims, arr, var.attrs)
+            data[n].encoding = dict(var.encoding)
+        ids = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        ds = xr.Dataset(data, coords={ANNOTATION: ids, AXIS: template[AXIS]})
+        ds.attrs, ds.encoding = template.attrs, template.encoding
+        return ds
+
     def related_frame(self, relationship: str):
         """The relationship index as a dask DataFrame of (`segment`, `annotation`) pairs, one
         partition per shard (segments from the minishard indexes, annotation ids from the
@@ -141,6 +173,12 @@ def _open_state(state: tuple) -> AnnotationSource:
 def _read_frame_part(part: tuple, state: tuple):
     src = _open_state(state)
     return annotation_frame(src.read_partition(part), src.info)
+
+
+def _read_columns_part(part: tuple, state: tuple, names: list[str]) -> dict:
+    src = _open_state(state)
+    ds = annotation_dataset(src.read_partition(part), src, "by_id")
+    return {n: ds[n].values for n in names}
 
 
 def _read_pairs_part(part: object, state: tuple, relationship: str):
