@@ -27,7 +27,7 @@ from .conventions import (
     drop,
     pick_scale,
 )
-from .tree import scale_groups
+from .tree import datatree_opener, scale_groups
 
 DIMS = ("x", "y", "z", "channel")
 # Memory order of what the backend hands to xarray, chosen by measurement (docs/design.md,
@@ -408,18 +408,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                               group=group, drop_variables=drop_variables)
         return groups
 
-    def open_datatree(self, filename_or_obj, *, group: str | None = None,
-                      fill_missing: bool = True, storage_options: dict | None = None,
-                      info: Any = None, drop_variables: str | Iterable[str] | None = None,
-                      preferred_chunks: str | None = None, order: str | None = None,
-                      missing_count: MissingCount | None = None,
-                      mask_and_scale: Any = None, decode_times: Any = None,
-                      decode_timedelta: Any = None, use_cftime: Any = None,
-                      concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
-        return xr.DataTree.from_dict(self.open_groups_as_dict(
-            filename_or_obj, group=group, fill_missing=fill_missing,
-            storage_options=storage_options, info=info, drop_variables=drop_variables,
-            preferred_chunks=preferred_chunks, order=order, missing_count=missing_count))
+    open_datatree = datatree_opener(open_groups_as_dict)
 
     def guess_can_open(self, filename_or_obj) -> bool:
         """Without I/O for a URL: Neuroglancer's data-source forms (`precomputed://<url>`,
