@@ -126,6 +126,7 @@ class ExportArgumentError(ArgumentError, ExportError):
 
 
 class HugeGraphWarning(UserWarning):
-    """Kept so that warning filters naming it still work. The engines no longer emit it: xarray
-    does not tell an engine about `chunks=`, so opening cannot count the dask tasks it will make
-    (the README's "dask and huge volumes" says what to do instead)."""
+    """Opening a scale of more than ~10^6 dask blocks (of the usual block size, or of the storage
+    chunks or shards asked for): dask handles every block of an array whatever is computed. Said
+    at every open of such a scale (xarray does not tell an engine about `chunks=`), with the
+    recipe: open without `chunks=`, select with `.isel`, then `.chunk()`."""
