@@ -31,7 +31,8 @@ __version__ = "0.1.0"
 
 # Writers, and the annotation front door (xarray), load on first use: reading needs none of them.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample",
+         "downsample": ".writing.downsample", "to_annotations": ".writing.annotations",
+         "label_points": ".backends.label_points",
          "Annotations": ".backends.annotations", "sample_volume": ".samples", "sample_data": ".samples"}
 
 
@@ -48,5 +49,5 @@ __all__ = [
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data", "Annotations",
+    "downsample", "sample_volume", "sample_data", "to_annotations", "label_points", "Annotations",
 ]
