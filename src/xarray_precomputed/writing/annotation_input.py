@@ -259,7 +259,7 @@ def from_dataset(ds, *, annotation_type: str | None, dimensions, properties,
                        f"{ds[g].dims} shape {ds[g].shape}")
     used = set(geometry) | ({"point_count", "points"} if atype == "polyline" else set())
     rels: dict[str, tuple[str, str]] = {}  # id -> (count var, values var)
-    for name in sorted(names - used):
+    for name in [v for v in ds.data_vars if v not in used]:
         var = ds[name]
         sample = var.attrs.get("sample_dimension")
         if sample is None or var.dims != (ANNOTATION,):
@@ -285,7 +285,7 @@ def from_dataset(ds, *, annotation_type: str | None, dimensions, properties,
             raise _bad(f"relationships: the dataset declares {lost} but holds no lists for them "
                        "(the spatial index does not store them: read by_id, e.g. "
                        "Annotations.to_dataset(source='by_id'), or pass relationships=[])")
-        rel_ids = list(rels)
+        rel_ids = [r for r in declared if r in rels] + [r for r in rels if r not in declared]
     found: dict[str, AnnotationProperty] = {}
     for name in ds.data_vars:
         if name in used or ds[name].dims[:1] != (ANNOTATION,):
@@ -453,14 +453,14 @@ def from_dataframe(df, *, annotation_type: str | None, dimensions, properties,
     props = _merge_specs(found, properties)
 
     def column(name: str, start: int, stop: int) -> np.ndarray:
+        if name in sources:
+            return np.stack([df[p].iloc[start:stop].to_numpy() for p in sources[name]], axis=1)
         s = df[name].iloc[start:stop]
         if isinstance(s.dtype, pd.CategoricalDtype):
             codes = s.cat.codes.to_numpy()
             if codes.size and codes.min() < 0:
                 raise _bad(f"properties: {name!r} has a missing (NaN) category")
             return codes
-        if name in sources:
-            return np.stack([df[p].iloc[start:stop].to_numpy() for p in sources[name]], axis=1)
         if s.dtype == object:
             return np.array([np.asarray(x) for x in s])
         return s.to_numpy()

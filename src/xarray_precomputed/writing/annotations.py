@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..codecs.annotation_records import AnnotationColumns, RecordLayout
+from ..codecs.annotation_records import PROPERTY_TYPES, AnnotationColumns, RecordLayout
 from ..errors import WriterArgumentError
 from ..format.annotation_info import ANNOTATION_INFO_TYPE, AnnotationInfo, parse_annotation_info
 from ..format.info import ShardingSpec
@@ -144,6 +144,10 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
         raise WriterArgumentError(f"resume must be True, False or 'auto', got {resume!r}")
     table = as_table(obj, annotation_type=annotation_type, dimensions=dimensions,
                      properties=properties, relationships=relationships)
+    # The info lists properties in the order they lie in a record (4-byte types, then 2-, then
+    # 1-byte; stable): the layout is the same either way, but neuroglancer's Python reader (and
+    # writer) take the info's order as the record's.
+    table.properties.sort(key=lambda p: -PROPERTY_TYPES[p.type][2])
     layout = RecordLayout(table.annotation_type, table.rank,
                           [(p.id, p.type) for p in table.properties], table.relationships)
 
@@ -152,7 +156,7 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
     levels, level_stats = _assign_levels(table, grids, limit, rows_per_batch)
     grids = grids[:len(level_stats)]
 
-    estimate = _estimate(table, layout, rows_per_batch)
+    estimate = _estimate(table, layout)
     indexes = _plan_indexes(table, layout, grids, level_stats, estimate, sharding)
     info_json = {
         "@type": ANNOTATION_INFO_TYPE,
@@ -268,9 +272,10 @@ def _assign_levels(table: AnnotationTable, grids: list[Grid], limit: int, rows: 
     return levels, stats
 
 
-def _estimate(table: AnnotationTable, layout: RecordLayout, rows: int) -> dict:
-    """Per-annotation sizes from the first batch, to size the shards before writing."""
-    for _, cols in table.batches(min(rows, 1 << 16)):
+def _estimate(table: AnnotationTable, layout: RecordLayout) -> dict:
+    """Per-annotation sizes from the first rows (as many whatever the batch size, so the choice
+    of shards does not depend on it), to size the shards before writing."""
+    for _, cols in table.batches(1 << 16):
         n = max(len(cols), 1)
         single, off = layout.encode_single(cols)
         rec, _ = layout.encode_records(cols)
@@ -428,6 +433,10 @@ def _lists(keys: np.ndarray, ids: np.ndarray, body: np.ndarray, off: np.ndarray,
     minishards, data, offsets), in shard order."""
     m = minis if minis is not None else np.zeros(len(keys), np.uint64)
     order = np.lexsort((order_key(ids), keys, m))
+    # an annotation whose list names a segment twice is listed once under it
+    same = (keys[order][1:] == keys[order][:-1]) & (ids[order][1:] == ids[order][:-1])
+    if same.any():
+        order = order[np.concatenate([[True], ~same])]
     keys, ids, m = keys[order], ids[order], m[order]
     sizes = np.diff(off)[order]
     recs = _gather_words(body, off[:-1][order], sizes)
