@@ -29,11 +29,13 @@ from .reading.volume import ScaleReader, Volume, open_volume
 
 __version__ = "0.1.0"
 
-# Writers, and the annotation front door (xarray), load on first use: reading needs none of them.
+# Writers and the xarray front doors of other kinds load on first use: reading needs none of them.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
-         "downsample": ".writing.downsample", "to_annotations": ".writing.annotations",
-         "label_points": ".backends.label_points",
-         "Annotations": ".backends.annotations", "sample_volume": ".samples", "sample_data": ".samples"}
+         "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples",
+         "open_segment_properties": ".backends.segment_properties",
+         "to_segment_properties": ".writing.segment_properties",
+         "Annotations": ".backends.annotations", "to_annotations": ".writing.annotations",
+         "label_points": ".backends.label_points"}
 
 
 def __getattr__(name: str):
@@ -49,5 +51,6 @@ __all__ = [
     "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError", "ShardFormatError",
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
-    "downsample", "sample_volume", "sample_data", "to_annotations", "label_points", "Annotations",
+    "downsample", "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties",
+    "Annotations", "to_annotations", "label_points",
 ]

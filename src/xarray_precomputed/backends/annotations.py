@@ -86,9 +86,9 @@ class Annotations:
                                   f"relationship {relationship}")
 
     def to_dataset(self, *, source: str = "spatial") -> xr.Dataset:
-        """Every annotation, sorted by id: the union of the spatial levels (`source="spatial"`,
-        the fastest) or the whole by_id index (`source="by_id"`, which adds the relationship
-        lists)."""
+        """Every annotation, each once: the union of the spatial levels (`source="spatial"`, the
+        fastest; points in storage order, other types sorted by id) or the whole by_id index
+        (`source="by_id"`, sorted by id, which adds the relationship lists)."""
         if source == "spatial":
             return annotation_dataset(self.source.read_all(), self.source, "spatial")
         if source == "by_id":

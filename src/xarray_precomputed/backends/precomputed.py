@@ -26,6 +26,8 @@ from .conventions import (
     drop,
     pick_scale,
 )
+from .kinds import OPENERS, linked_url, open_other_kind
+from .segment_properties import open_segment_properties
 from .tree import scale_groups
 
 DIMS = ("x", "y", "z", "channel")
@@ -287,18 +289,8 @@ def _looks_like_volume_dir(path: str) -> bool:
         doc = json.loads(head)
     except ValueError:
         return False
-    return isinstance(doc, dict) and ("scales" in doc and "data_type" in doc
-                                      or doc.get("@type") == "neuroglancer_annotations_v1")
-
-
-def _annotations_or_none(filename_or_obj, storage_options, info, drop_variables) -> xr.Dataset | None:
-    """The whole annotation table when the info (which is no volume's) is an annotation set's."""
-    from .annotations import is_annotation_dir, open_annotation_dataset
-
-    if not is_annotation_dir(filename_or_obj, storage_options, info):
-        return None
-    return open_annotation_dataset(os.fspath(filename_or_obj), storage_options=storage_options,
-                                   info=info, drop_variables=drop_variables)
+    return isinstance(doc, dict) and (("scales" in doc and "data_type" in doc)
+                                      or doc.get("@type") in OPENERS)
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
@@ -345,13 +337,17 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         try:
             vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
         except InfoError:
-            annotations = _annotations_or_none(filename_or_obj, storage_options, info, drop_variables)
-            if annotations is None:
+            other = open_other_kind(os.fspath(filename_or_obj), storage_options, info)
+            if other is None:
                 raise
-            return annotations
+            return drop(other, drop_variables)
         which = pick_scale(scale, group, len(vol.info.scales))
-        return drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
-                                  preferred_chunks, order), drop_variables)
+        ds = scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
+                           preferred_chunks, order)
+        props = linked_url(vol.url, vol.info.extra.get("segment_properties"))
+        if props is not None:
+            ds.attrs["segment_properties"] = props
+        return drop(ds, drop_variables)
 
     def open_groups_as_dict(self, filename_or_obj, *, group: str | None = None,
                             fill_missing: bool = True, storage_options: dict | None = None,
@@ -376,6 +372,11 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                               lambda k: scale_dataset(vol.scale(k), preferred_chunks, order),
                               n_scales=len(vol.info.scales),
                               group=group, drop_variables=drop_variables)
+        props = linked_url(vol.url, vol.info.extra.get("segment_properties"))
+        if props is not None and group in (None, "", "/"):
+            root.attrs["segment_properties"] = props
+            groups["/segment_properties"] = open_segment_properties(
+                props, storage_options=storage_options)
         return groups
 
     def open_datatree(self, filename_or_obj, *, group: str | None = None,

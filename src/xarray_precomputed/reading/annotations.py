@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..codecs.annotation_records import AnnotationColumns, RecordLayout, concat_columns
-from ..errors import MissingChunkError, StorageError
+from ..errors import CorruptChunkError, MissingChunkError, StorageError
 from ..format.annotation_info import AnnotationInfo, IndexSpec, SpatialLevel, parse_annotation_info
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
@@ -35,7 +35,7 @@ from ..util import cpu_pool_size
 
 # One stored value (a spatial cell, a relationship list, a record) above this is refused before
 # it is fetched: a damaged index could otherwise ask for any size.
-MAX_VALUE_BYTES = 1 << 32
+MAX_VALUE_BYTES = 1 << 30
 
 # An unsharded level of at most this many cells is read by naming every cell (no listing, which
 # not every store offers); a larger one by listing its folder.
@@ -94,6 +94,40 @@ class AnnotationSource:
             self._kv["s:" + level.path] = kv
         return kv
 
+    def count(self, *, max_parts: int = 1024) -> int | None:
+        """How many annotations the by_id index holds, from its minishard indexes (or folder
+        listing) alone; None where that would take more than `max_parts` shards."""
+        kv = self.index(self.info.by_id)
+        spec = self.info.by_id.sharding
+        if spec is not None and (1 << spec.shard_bits) > max_parts:
+            return None
+        try:
+            return sum(len(kv.keys_in(p)) for p in kv.partitions())
+        except (NotImplementedError, StorageError):
+            return None
+
+    def summary(self) -> dict:
+        """What the set is: type, dimensions, bounds, properties, relationships, index layout,
+        spatial levels, count where known (for `xarray-precomputed info`)."""
+        info = self.info
+
+        def sharded(spec) -> str:
+            return "sharded" if spec is not None else "unsharded"
+
+        return {
+            "url": self.url, "kind": "annotations", "annotation_type": info.annotation_type,
+            "dimensions": {n: [s, u] for n, s, u in info.dimensions},
+            "lower_bound": list(info.lower_bound), "upper_bound": list(info.upper_bound),
+            "properties": [p.to_json() for p in info.properties],
+            "relationships": [{"id": r.id, "key": r.key, "layout": sharded(r.sharding)}
+                              for r in info.relationships],
+            "by_id": {"key": info.by_id.key, "layout": sharded(info.by_id.sharding)},
+            "spatial": [{"key": s.key, "grid_shape": list(s.grid_shape),
+                         "chunk_size": list(s.chunk_size), "limit": s.limit,
+                         "layout": sharded(s.sharding)} for s in info.spatial],
+            "count": self.count(),
+        }
+
     # ---- by id ------------------------------------------------------------------------------
 
     def by_id(self, ids, *, missing: str = "drop") -> AnnotationColumns:
@@ -144,9 +178,7 @@ class AnnotationSource:
             raise KeyError(str(e.args[0])) from None
         segs = np.unique(np.asarray(segment_ids, np.uint64).reshape(-1))
         kv = self.index(spec)
-        values = kv.get_many(segs)
-        parts = [self.layout.decode_multiple(v, where=kv.describe(int(s)))
-                 for s, v in zip(segs.tolist(), values) if v is not None]
+        parts = self._decode_lists(kv, segs, kv.get_many(segs))
         return _sorted_unique(concat_columns(parts, self.layout))
 
     def related_lists(self, relationship: str, segment_ids) -> list[AnnotationColumns]:
@@ -161,19 +193,24 @@ class AnnotationSource:
     # ---- spatial ----------------------------------------------------------------------------
 
     def level_cells(self, level: SpatialLevel, lower, upper) -> np.ndarray:
-        """(n, rank) grid cells of `level` whose closed box meets the closed box [lower, upper]."""
+        """(n, rank) grid cells of `level` whose closed box meets the closed box [lower, upper].
+        The cells on the grid's faces count as reaching out to infinity: writers store
+        annotations beyond the info's bounds there (neuroglancer's writer takes an ellipsoid's
+        upper bound from its radii, a line's from its second points only)."""
         lo, hi = self._box(lower, upper)
         origin = np.asarray(self.info.lower_bound)
         size = np.asarray(level.chunk_size)
         grid = np.asarray(level.grid_shape)
-        first = np.clip(np.floor((lo - origin) / size) - 1, 0, grid)  # - 1: a face shared with the
-        last = np.clip(np.floor((hi - origin) / size) + 1, 0, grid)   # cell before counts too
-        if np.any(last <= first):
+        # +-1: a face shared with the neighbouring cell counts too
+        first = np.clip(np.floor((lo - origin) / size) - 1, 0, grid - 1).astype(np.int64)
+        last = np.clip(np.floor((hi - origin) / size) + 1, 0, grid - 1).astype(np.int64)
+        if np.any(last < first):
             return np.zeros((0, self.info.rank), np.int64)
-        axes = [np.arange(a, b, dtype=np.int64) for a, b in zip(first.astype(int), last.astype(int))]
+        axes = [np.arange(a, b + 1, dtype=np.int64) for a, b in zip(first, last)]
         cells = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, self.info.rank)
-        c_lo = origin + cells * size
-        keep = np.all((c_lo <= hi) & (c_lo + size >= lo), axis=1)
+        c_lo = np.where(cells == 0, -np.inf, origin + cells * size)
+        c_hi = np.where(cells == grid - 1, np.inf, origin + (cells + 1) * size)
+        keep = np.all((c_lo <= hi) & (c_hi >= lo), axis=1)
         return cells[keep]
 
     def read_cells(self, level: SpatialLevel, cells) -> AnnotationColumns:
@@ -184,10 +221,20 @@ class AnnotationSource:
     def read_keys(self, level: SpatialLevel, keys: np.ndarray) -> AnnotationColumns:
         kv = self.level_store(level)
         keys = np.asarray(keys, np.uint64)
-        values = kv.get_many(keys)
-        parts = [self.layout.decode_multiple(v, where=kv.describe(int(k)))
-                 for k, v in zip(keys.tolist(), values) if v is not None]
-        return concat_columns(parts, self.layout)
+        return concat_columns(self._decode_lists(kv, keys, kv.get_many(keys)), self.layout)
+
+    def _decode_lists(self, kv: KeyValue, keys: np.ndarray, values) -> list[AnnotationColumns]:
+        """The multiple-annotation values of `keys` decoded (absent ones left out); an error names
+        the value's file (described only then: it costs a hash per key)."""
+        out = []
+        for k, v in zip(keys.tolist(), values):
+            if v is None:
+                continue
+            try:
+                out.append(self.layout.decode_multiple(v))
+            except CorruptChunkError as e:
+                raise CorruptChunkError(str(e), chunk=kv.describe(int(k))) from None
+        return out
 
     def level_partitions(self, level: SpatialLevel) -> list[object]:
         """The independent parts of a level: its shards, or (unsharded) one part."""
@@ -205,17 +252,25 @@ class AnnotationSource:
 
     def read_level(self, level: SpatialLevel) -> AnnotationColumns:
         """Every annotation stored at `level`, each once, sorted by id."""
-        parts = self._map(lambda p: _sorted_unique(self.read_keys(level, self.level_keys(level, p))),
-                          self.level_partitions(level))
-        return _sorted_unique(concat_columns(parts, self.layout))
+        return _sorted_unique(self._read_levels([level]))
+
+    def _read_levels(self, levels: Sequence[SpatialLevel]) -> AnnotationColumns:
+        """Everything stored at these levels, in storage order (level, shard, cell), one row per
+        cell an annotation is stored in; the shards of all levels read in parallel."""
+        tasks = [(level, p) for level in levels for p in self.level_partitions(level)]
+        parts = self._map(lambda t: self.read_keys(t[0], self.level_keys(t[0], t[1])), tasks)
+        return concat_columns(parts, self.layout)
 
     def read_all(self) -> AnnotationColumns:
-        """Every annotation of the set: the union of the spatial levels, each id once, sorted by
-        id. A set without spatial levels is read from by_id."""
+        """Every annotation of the set: the union of the spatial levels, each id once. Points
+        come in storage order (level by level, cell by cell): the format stores a point once,
+        at one level, in the one cell that holds it, so there is nothing to deduplicate (a
+        sort of 10^6 ids cost more than reading them). Other types can span cells: they are
+        deduplicated and sorted by id. A set without spatial levels is read from by_id."""
         if not self.info.spatial:
             return self.by_id_all()
-        parts = [self.read_level(level) for level in self.info.spatial]
-        return _sorted_unique(concat_columns(parts, self.layout))
+        cols = self._read_levels(self.info.spatial)
+        return cols if self.layout.annotation_type == "point" else _sorted_unique(cols)
 
     def in_box(self, lower, upper) -> AnnotationColumns:
         """The annotations whose geometry meets [lower, upper) (see the module's note), each once,
