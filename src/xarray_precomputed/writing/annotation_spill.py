@@ -64,7 +64,7 @@ class Spill:
             sizes = np.diff(offsets)[order]
             starts = offsets[:-1][order]
             parts.append(sizes.astype(_U32))
-            body = payload[ranges(starts, sizes)]
+            body = gather(payload, starts, sizes)
             per = np.bincount(bucket, weights=np.diff(offsets), minlength=self.buckets)
             bb = np.zeros(self.buckets + 1, np.int64)
             np.cumsum(per.astype(np.int64), out=bb[1:])
@@ -136,3 +136,45 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     base = np.repeat(np.asarray(starts, np.int64) - (ends - lengths), lengths)
     return base + np.arange(total, dtype=np.int64)
+
+
+def gather(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of src[s:s+n] (uint8) for each (s, n) in the order given: rows of one
+    size by a reshape, pieces of whole 4-byte words (annotation values all are) by word, in
+    steps that keep the index arrays small."""
+    lengths = np.asarray(lengths, np.int64)
+    starts = np.asarray(starts, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.uint8)
+    same = int(lengths[0])
+    if same and np.all(lengths == same) and len(src) % same == 0 and np.all(starts % same == 0):
+        return src.reshape(-1, same)[starts // same].reshape(-1)
+    unit = 4 if (len(src) % 4 == 0 and not np.any(starts % 4) and not np.any(lengths % 4)) else 1
+    out = np.empty(total, np.uint8)
+    sv, ov = (src.view(np.uint32), out.view(np.uint32)) if unit == 4 else (src, out)
+    s_u, l_u = starts // unit, lengths // unit
+    ends = np.cumsum(l_u)
+    step = 1 << 20
+    i, pos = 0, 0
+    while i < len(l_u):
+        j = max(int(np.searchsorted(ends, pos + step, side="right")), i + 1)
+        idx = ranges(s_u[i:j], l_u[i:j])
+        ov[pos:pos + len(idx)] = sv[idx]
+        pos += len(idx)
+        i = j
+    return out
+
+
+def move_groups(dst: np.ndarray, dst_starts: np.ndarray, src: np.ndarray, src_starts: np.ndarray,
+                lengths: np.ndarray) -> None:
+    """dst[d:d+n] = src[s:s+n] for each group (same element type), in steps."""
+    lengths = np.asarray(lengths, np.int64)
+    ends = np.cumsum(lengths)
+    step = 1 << 20
+    i, done = 0, 0
+    while i < len(lengths):
+        j = max(int(np.searchsorted(ends, done + step, side="right")), i + 1)
+        dst[ranges(dst_starts[i:j], lengths[i:j])] = src[ranges(src_starts[i:j], lengths[i:j])]
+        done = int(ends[j - 1])
+        i = j

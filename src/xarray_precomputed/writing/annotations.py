@@ -47,7 +47,7 @@ from ..storage import TEMP_MARKER, open_store, strip_scheme_prefix
 from .annotation_input import AnnotationTable, as_table
 from .annotation_shards import choose_annotation_sharding, pack_shard, shard_holds, shard_order, sharding_spec
 from .annotation_spatial import Grid, bounds_of, cell_order_key, cells_met, level_grids, mix64, uniform
-from .annotation_spill import Spill, ranges
+from .annotation_spill import Spill, gather, move_groups, ranges
 
 __all__ = ["to_annotations"]
 
@@ -253,7 +253,12 @@ def _assign_levels(table: AnnotationTable, grids: list[Grid], limit: int, rows: 
                 todo = np.flatnonzero(unset & ~chosen)
                 if len(todo):
                     _, keys = cells_met(cols.take(todo), table.annotation_type, grids[k])
-                    u, c = np.unique(keys, return_counts=True)
+                    if sum(grids[k].bits) <= 22:  # few cells: counted in place
+                        c = np.bincount(keys.astype(np.int64), minlength=1 << sum(grids[k].bits))
+                        u = np.flatnonzero(c).astype(np.uint64)
+                        c = c[u.astype(np.int64)]
+                    else:
+                        u, c = np.unique(keys, return_counts=True)
                     acc_keys.append(u)
                     acc_counts.append(c)
             stats[-1]["pairs"] = int(pairs * p_prev)
@@ -401,32 +406,6 @@ def _order_key(ix: _Index) -> Callable[[np.ndarray], np.ndarray]:
 
 # ---- building and writing objects ----------------------------------------------------------
 
-def _gather_words(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of src[s:s+n] (uint8, every s and n a multiple of 4) in the order given,
-    through 4-byte words and in pieces, so the index arrays stay small."""
-    lengths = np.asarray(lengths, np.int64)
-    total = int(lengths.sum())
-    out = np.empty(total, np.uint8)
-    if total == 0:
-        return out
-    same = lengths[0]
-    if np.all(lengths == same) and np.all(np.asarray(starts) % max(int(same), 1) == 0) and same:
-        return src.reshape(-1, int(same))[np.asarray(starts, np.int64) // int(same)].reshape(-1)
-    sw, ow = src.view(np.uint32), out.view(np.uint32)
-    starts_w, lens_w = np.asarray(starts, np.int64) // 4, lengths // 4
-    ends = np.cumsum(lens_w)
-    step = 1 << 20
-    i, pos = 0, 0
-    while i < len(lens_w):
-        j = int(np.searchsorted(ends, pos + step, side="right"))
-        j = max(j, i + 1)
-        idx = ranges(starts_w[i:j], lens_w[i:j])
-        ow[pos:pos + len(idx)] = sw[idx]
-        pos += len(idx)
-        i = j
-    return out
-
-
 def _lists(keys: np.ndarray, ids: np.ndarray, body: np.ndarray, off: np.ndarray,
            order_key: Callable, minis: np.ndarray | None):
     """List values (the multiple-annotation encoding) of entries grouped by key: (keys, their
@@ -439,7 +418,7 @@ def _lists(keys: np.ndarray, ids: np.ndarray, body: np.ndarray, off: np.ndarray,
         order = order[np.concatenate([[True], ~same])]
     keys, ids, m = keys[order], ids[order], m[order]
     sizes = np.diff(off)[order]
-    recs = _gather_words(body, off[:-1][order], sizes)
+    recs = gather(body, off[:-1][order], sizes)
     first = np.ones(len(keys), bool)
     first[1:] = keys[1:] != keys[:-1]
     gstart = np.flatnonzero(first)
@@ -456,22 +435,11 @@ def _lists(keys: np.ndarray, ids: np.ndarray, body: np.ndarray, off: np.ndarray,
     vw = voff[:-1] // 4
     ow[vw] = (counts & 0xFFFFFFFF).astype(np.uint32)
     ow[vw + 1] = (counts >> 32).astype(np.uint32)
-    # records: the sorted records with the count before each group and the ids after it
-    rw = recs.view(np.uint32)
-    shift = np.repeat(vw + 2 - rec_cum[gstart] // 4, rec_bytes // 4)
-    _scatter_words(ow, rw, shift)
-    iw = ids.astype("<u8").view(np.uint32)
-    id_shift = np.repeat(vw + 2 + rec_bytes // 4 - 2 * gstart, 2 * counts)
-    _scatter_words(ow, iw, id_shift)
+    # each group: its count, its records (contiguous in `recs`), then its ids, moved by word
+    move_groups(ow, vw + 2, recs.view(np.uint32), rec_cum[gstart] // 4, rec_bytes // 4)
+    move_groups(ow, vw + 2 + rec_bytes // 4, ids.astype("<u8").view(np.uint32), 2 * gstart,
+                2 * counts)
     return keys[gstart], m[gstart], out, voff
-
-
-def _scatter_words(dst: np.ndarray, src: np.ndarray, shift: np.ndarray) -> None:
-    """dst[j + shift[j]] = src[j], in pieces."""
-    step = 1 << 20
-    for a in range(0, len(src), step):
-        b = min(a + step, len(src))
-        dst[np.arange(a, b) + shift[a:b]] = src[a:b]
 
 
 def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, keep: bool,
@@ -501,13 +469,12 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
             k = keys[sel]
             i = None if ids is None else ids[sel]
             sizes = np.diff(off)[sel]
-            b = _gather_words(body, off[:-1][sel], sizes)
+            b = gather(body, off[:-1][sel], sizes)
             o = np.zeros(len(sel) + 1, np.int64)
             np.cumsum(sizes, out=o[1:])
         name = shard_filename(int(shard), spec)
-        uniq = np.unique(k)
         if keep and name in listing and shard_holds(store, f"{ix.key}/{name}", listing[name], spec,
-                                                    uniq):
+                                                    np.unique(k)):
             continue
         if ix.multiple:
             _, minis = chunk_location(k, spec)
@@ -517,7 +484,7 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
             order, minis = shard_order(k, spec)
             k, m = k[order], minis[order]
             sizes = np.diff(o)[order]
-            data = _gather_words(b, o[:-1][order], sizes)
+            data = gather(b, o[:-1][order], sizes)
             voff = np.zeros(len(k) + 1, np.int64)
             np.cumsum(sizes, out=voff[1:])
         parts = pack_shard(k, m, data, voff, spec, gzip_level=gzip_level)
