@@ -670,3 +670,18 @@ def test_label_points_outside_and_bad_input(segmentations):
 
 def test_writer_module_names():
     assert xp.to_annotations is writer_module.to_annotations
+
+
+def test_dask_backed_dataset_is_read_in_batches(tmp_path):
+    want = truth("polyline", 300, seed=42)
+    xp.to_annotations(want, tmp_path / "numpy", limit=40)
+    xp.to_annotations(want.chunk({"annotation": 64}), tmp_path / "dask", limit=40, rows_per_batch=50)
+    assert _files(tmp_path / "numpy") == _files(tmp_path / "dask")
+
+
+def test_an_empty_set(tmp_path):
+    empty = truth("point", 0, seed=43)
+    info = xp.to_annotations(empty, tmp_path / "a")
+    assert len(info.spatial) == 1
+    got = xp.Annotations.open(tmp_path / "a").to_dataset()
+    assert got.sizes["annotation"] == 0
