@@ -26,7 +26,8 @@ import xarray as xr
 import xarray_precomputed as xp
 from xarray_precomputed.errors import WriterArgumentError
 from xarray_precomputed.format.info import ShardingSpec
-from xarray_precomputed.writing import annotation_shards, annotations as writer_module
+from xarray_precomputed.writing import annotation_shards
+from xarray_precomputed.writing import annotations as writer_module
 from xarray_precomputed.writing.shard_file import build_shard
 
 TYPES = ("point", "line", "axis_aligned_bounding_box", "ellipsoid", "polyline")
@@ -518,7 +519,7 @@ def test_limit_and_levels_follow_the_spec(tmp_path):
     for s, t in zip(info.spatial, info.spatial[1:]):
         assert all(math.isclose(c, 2 * d) or math.isclose(c, d) for c, d in zip(s.chunk_size, t.chunk_size))
     counts = check_invariants(tmp_path / "a", want)["levels"]
-    for listed, biggest, limit in counts[:-1]:
+    for _listed, biggest, limit in counts[:-1]:
         assert 0.6 * limit <= biggest <= 1.5 * limit
     # physically isotropic cells: x and y (4 nm) split before z (40 nm, 300 units = 12000 nm)
     last = info.spatial[-1]
@@ -606,6 +607,7 @@ def segmentations(tmp_path_factory):
 @pytest.mark.parametrize("name", ["plain", "sharded"])
 def test_label_points_is_tensorstore_at_those_voxels(segmentations, name):
     import oracle
+
     from xarray_precomputed.storage import request_counts
 
     path = segmentations[name]

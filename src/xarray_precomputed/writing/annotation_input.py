@@ -353,7 +353,8 @@ def from_dataset(ds, *, annotation_type: str | None, dimensions, properties,
             cols.properties[p.id] = _cast_property(ds[p.id].isel(sl).values, p,
                                                    f"rows {start}-{stop}")
         for r in rel_ids:
-            cols.relationships[r] = _ragged_ids(*ragged_slice(r, start, stop), r)
+            counts, values = ragged_slice(r, start, stop)
+            cols.relationships[r] = _ragged_ids(counts, values, r)
         return cols
 
     return AnnotationTable(atype, dims, props, rel_ids, n, read)
@@ -486,10 +487,10 @@ def from_dataframe(df, *, annotation_type: str | None, dimensions, properties,
                                         axis=1) if len(ids) else np.zeros((0, rank), np.float32)
         if atype == "polyline":
             pts = [np.asarray(x, np.float32) for x in df["points"].iloc[start:stop]]
-            for p in pts:
-                if p.ndim != 2 or p.shape[1] != rank:
+            for a in pts:
+                if a.ndim != 2 or a.shape[1] != rank:
                     raise _bad(f"points: each value must be (n, {rank}) coordinates, got shape "
-                               f"{p.shape}")
+                               f"{a.shape}")
             cols.point_counts = np.fromiter((len(p) for p in pts), np.uint32, len(pts))
             cols.points = np.concatenate(pts) if pts else np.zeros((0, rank), np.float32)
         if geometry_only:
@@ -498,7 +499,8 @@ def from_dataframe(df, *, annotation_type: str | None, dimensions, properties,
             cols.properties[p.id] = _cast_property(column(p.id, start, stop), p,
                                                    f"rows {start}-{stop}")
         for r in relationships:
-            cols.relationships[r] = _ragged_ids(*ragged(r, start, stop), r)
+            counts, values = ragged(r, start, stop)
+            cols.relationships[r] = _ragged_ids(counts, values, r)
         return cols
 
     return AnnotationTable(atype, dims, props, list(relationships), len(df), read)

@@ -71,8 +71,8 @@ class Spill:
         with open(self.path, "ab") as f:
             offset = f.tell()
             for p in parts:
-                f.write(memoryview(np.ascontiguousarray(p)).cast("B"))
-            f.write(memoryview(np.ascontiguousarray(body)).cast("B"))
+                np.ascontiguousarray(p).tofile(f)
+            np.ascontiguousarray(body).tofile(f)
         self.segments.append(_Segment(offset, n, eb, bb, int(len(body))))
         self.entries += n
         self.payload += int(len(body))

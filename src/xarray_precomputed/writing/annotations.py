@@ -28,6 +28,7 @@ values, or given) or unsharded.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -169,9 +170,10 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
         "relationships": [{"id": ix.name, **ix.to_json()} for ix in indexes
                           if ix.name in table.relationships and ix.grid is None],
         "by_id": indexes[0].to_json(),
-        "spatial": [{**ix.to_json(), "grid_shape": [int(g) for g in ix.grid.shape],
-                     "chunk_size": [float(c) for c in ix.grid.chunk], "limit": st["limit"]}
-                    for ix, st in zip([i for i in indexes if i.grid is not None], level_stats)],
+        "spatial": [{**ix.to_json(), "grid_shape": [int(g) for g in grid.shape],
+                     "chunk_size": [float(c) for c in grid.chunk], "limit": st["limit"]}
+                    for ix, grid, st in zip([i for i in indexes if i.grid is not None], grids,
+                                            level_stats)],
     }
     info = parse_annotation_info(info_json, source="the info to_annotations would write")
 
@@ -192,9 +194,11 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
                 if TEMP_MARKER in name and name.startswith("."):
                     store.delete(f"{ix.key}/{name}")
             tasks += [(ix, b, listing) for b in range(ix.buckets)]
-        _run([lambda t=t: _write_bucket(store, *t, keep=keep, gzip_level=gzip_level,
-                                        order_key=_order_key(t[0]))
-              for t in tasks], workers)
+        jobs: list[Callable[[], None]] = [
+            functools.partial(_write_bucket, store, ix, b, listing, keep=keep,
+                              gzip_level=gzip_level, order_key=_order_key(ix))
+            for ix, b, listing in tasks]
+        _run(jobs, workers)
         for ix in indexes:
             if ix.spill is not None:
                 ix.spill.close()
@@ -313,7 +317,7 @@ def _plan_indexes(table: AnnotationTable, layout: RecordLayout, grids: list[Grid
             not isinstance(sharding, (str, bool, dict, ShardingSpec, type(None))):
         raise WriterArgumentError(f"sharding must be 'auto', False, a spec or a dict of them, got "
                                   f"{sharding!r}")
-    if _per_index(sharding):
+    if isinstance(sharding, dict) and _per_index(sharding):
         unknown = set(sharding) - {"by_id", "spatial"} - set(table.relationships)
         if unknown:
             raise WriterArgumentError(f"sharding: no index named {sorted(unknown)} (indexes: "
@@ -367,19 +371,21 @@ def _spill(table: AnnotationTable, layout: RecordLayout, levels: np.ndarray,
             np.cumsum(sizes, out=new[1:])
             return recs[ranges(off[sel], sizes)], new
 
-        for r, ix in rel_ix.items():
-            counts, values = cols.relationships[r]
+        for rel, ix in rel_ix.items():
+            counts, values = cols.relationships[rel]
             sel = np.repeat(np.arange(n), np.asarray(counts, np.int64))
             assert ix.spill is not None
             ix.spill.add(ix.bucket(values), values, cols.ids[sel], *records(sel))
         lv = levels[start:start + n]
         for k in np.unique(lv).tolist():
             ix = spatial[k]
+            assert ix.grid is not None
             todo = np.flatnonzero(lv == k)
-            r, keys = cells_met(_geometry(cols).take(todo), table.annotation_type, ix.grid)
-            sel = todo[r]
+            pair_rows, cell_keys = cells_met(_geometry(cols).take(todo), table.annotation_type,
+                                             ix.grid)
+            sel = todo[pair_rows]
             assert ix.spill is not None
-            ix.spill.add(ix.bucket(keys), keys, cols.ids[sel], *records(sel))
+            ix.spill.add(ix.bucket(cell_keys), cell_keys, cols.ids[sel], *records(sel))
 
 
 def _geometry(cols: AnnotationColumns) -> AnnotationColumns:
@@ -463,11 +469,10 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
     shards, _ = chunk_location(keys, spec)
     for shard in np.unique(shards).tolist():
         sel = np.flatnonzero(shards == shard) if ix.buckets < (1 << spec.shard_bits) else None
-        k, b, o = keys, body, off
-        i = ids
+        k, b, o, aids = keys, body, off, ids
         if sel is not None:
             k = keys[sel]
-            i = None if ids is None else ids[sel]
+            aids = None if ids is None else ids[sel]
             sizes = np.diff(off)[sel]
             b = gather(body, off[:-1][sel], sizes)
             o = np.zeros(len(sel) + 1, np.int64)
@@ -477,9 +482,9 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
                                                     np.unique(k)):
             continue
         if ix.multiple:
-            _, minis = chunk_location(k, spec)
-            assert i is not None
-            k, m, data, voff = _lists(k, i, b, o, order_key, minis)
+            _, shard_minis = chunk_location(k, spec)
+            assert aids is not None
+            k, m, data, voff = _lists(k, aids, b, o, order_key, shard_minis)
         else:
             order, minis = shard_order(k, spec)
             k, m = k[order], minis[order]
@@ -489,8 +494,7 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
             np.cumsum(sizes, out=voff[1:])
         parts = pack_shard(k, m, data, voff, spec, gzip_level=gzip_level)
         store.write(f"{ix.key}/{name}", b"".join(
-            p if isinstance(p, bytes) else memoryview(np.ascontiguousarray(p)).cast("B")
-            for p in parts))
+            p if isinstance(p, bytes) else np.ascontiguousarray(p).tobytes() for p in parts))
 
 
 def _run(jobs: list[Callable[[], None]], workers: int) -> None:
