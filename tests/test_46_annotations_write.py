@@ -486,7 +486,7 @@ def test_pack_shard_is_build_shard(spec):
 
 
 def test_sharding_choice_scales_with_the_set():
-    small = annotation_shards.choose_annotation_sharding(500, 20_000, max_key=1 << 40)
+    small = annotation_shards.choose_annotation_sharding(200, 8_000, max_key=1 << 40)
     big = annotation_shards.choose_annotation_sharding(10**7, 10**9, max_key=1 << 40)
     assert small["shard_bits"] == 0 and small["minishard_bits"] == 0
     assert 2**big["shard_bits"] * annotation_shards.SHARD_TARGET_BYTES >= 10**9
