@@ -125,7 +125,7 @@ def worker(task: str, reader: str, path: str) -> dict:
             pass
 
         import xarray_precomputed.backends.precomputed
-        from xarray_precomputed import storage
+        from xarray_precomputed.context import default_context
 
         if reader.endswith("-C"):  # the memory orders not chosen, for comparison
             xarray_precomputed.backends.precomputed.RESULT_ORDER = "C"
@@ -311,12 +311,12 @@ def worker(task: str, reader: str, path: str) -> dict:
         for b in boxes:
             total += int(get(*b).view(np.uint8)[::997].sum())
         cold = time.perf_counter() - t0
-        reqs_cold = sum(storage.request_counts.values()) if reader == "ours" else None
+        reqs_cold = sum(default_context().requests.values()) if reader == "ours" else None
         t1 = time.perf_counter()
         for b in boxes:
             total += int(get(*b).view(np.uint8)[::997].sum())
         warm = time.perf_counter() - t1
-        reqs_warm = (sum(storage.request_counts.values()) - reqs_cold) if reader == "ours" else None
+        reqs_warm = (sum(default_context().requests.values()) - reqs_cold) if reader == "ours" else None
         result = {"cold": cold, "warm": warm, "n": len(boxes), "checksum": total,
                   "req_cold": reqs_cold, "req_warm": reqs_warm}
     elif task == "W3":
@@ -447,10 +447,17 @@ def _ones_dask(path, chunks=None, order="C", reuse=False, values=None):
 
 
 def _worker_counts() -> dict:
-    from xarray_precomputed import storage
-    from xarray_precomputed.kvstore import shard_files as shard_reader
+    """Requests and index fetches of every context in this worker's process (its tasks read
+    through the worker's default context, which `client.run`'s thread is not in)."""
+    from collections import Counter
 
-    return {**storage.request_counts, **shard_reader.index_fetches}
+    from xarray_precomputed.context import live_contexts
+
+    counts: Counter = Counter()
+    for ctx in live_contexts():
+        counts.update(ctx.requests.snapshot())
+        counts.update(ctx.index_fetches.snapshot())
+    return dict(counts)
 
 
 # ------------------------------------------------------------------ driver

@@ -221,3 +221,31 @@ def reverse_cell_names(path) -> None:
             os.rename(folder / n, folder / (n + ".tmp"))
         for n in names:
             os.rename(folder / (n + ".tmp"), folder / "_".join(reversed(n.split("_"))))
+
+
+def reshard(path, which: str, sharding: dict) -> None:
+    """Rewrite one uint64-keyed index of the set at `path` (`which`: "by_id" or a relationship
+    id) with TensorStore's neuroglancer_uint64_sharded kvstore under new sharding parameters
+    (ngsidekick puts a small set in one shard), and point the info at it."""
+    import json
+
+    import tensorstore as ts
+
+    from xarray_precomputed.reading.annotations import AnnotationSource
+
+    src = AnnotationSource.open(str(path))
+    spec = src.info.by_id if which == "by_id" else src.info.relationship(which)
+    kv = src.index(spec)
+    keys = np.unique(np.concatenate([kv.keys_in(p) for p in kv.partitions()]))
+    values = kv.get_many(keys)
+    new_key = f"{spec.key}_resharded"
+    store = ts.KvStore.open({"driver": "neuroglancer_uint64_sharded", "metadata": sharding,
+                             "base": f"file://{path}/{new_key}/"}).result()
+    with ts.Transaction() as txn:
+        for k, v in zip(keys.tolist(), values):
+            store.with_transaction(txn)[int(k).to_bytes(8, "big")] = v
+    info = json.loads((path / "info").read_text())
+    entry = info["by_id"] if which == "by_id" else next(r for r in info["relationships"]
+                                                          if r["id"] == which)
+    entry["key"], entry["sharding"] = new_key, sharding
+    (path / "info").write_text(json.dumps(info))

@@ -38,6 +38,7 @@ from xarray_precomputed import (
     ShardFormatError,
     parse_info,
 )
+from xarray_precomputed.context import default_context
 from xarray_precomputed.dvid import DvidScaleReader, ShardBoxes
 from xarray_precomputed.dvid import shards as dvid_shards
 from xarray_precomputed.format.morton import compressed_morton
@@ -153,7 +154,7 @@ def test_corrupt_footer_and_json(tmp_path, real_table):
     with pytest.raises(ShardFormatError, match="record 9999"):
         reader(root).chunk((509, 413, 469))
     (root / "s1" / f"{SHARD}.json").write_text('{"1_2_3": 0}')
-    dvid_shards.index_cache.clear()
+    default_context().cache("dvid index", dvid_shards.CACHES["dvid index"]).clear()
     with pytest.raises(ShardFormatError, match="outside this shard"):
         reader(root).chunk((509, 413, 469))
 
@@ -169,8 +170,8 @@ def test_corrupt_arrow_bytes_raise_ours(tmp_path):
         data = bytearray(good)
         data[pos] ^= 0xFF
         p.write_bytes(bytes(data))
-        for cache in (dvid_shards.batch_cache, dvid_shards.index_cache, dvid_shards.schema_cache):
-            cache.clear()
+        for name in ("dvid batch", "dvid index", "dvid schema"):
+            default_context().cache(name, dvid_shards.CACHES[name]).clear()
         try:
             out = reader(root).chunk((509, 413, 469))
             assert out.shape == (64, 64, 64)

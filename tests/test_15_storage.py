@@ -211,22 +211,17 @@ def test_http_unsharded_reads_keep_many_requests_in_flight(volumes, monkeypatch)
     """Over a network each chunk costs a round trip: the chunks of one read are requested in
     batches that run concurrently, so far more requests are in flight than there are worker
     threads (one chunk per worker kept it at the worker count), and the data is the same."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from xarray_precomputed.reading import base as volume
+    from xarray_precomputed import Context
 
     root, truth = volumes
     workers = 4  # fixed, whatever the machine's core count
-    pool = ThreadPoolExecutor(workers)
-    monkeypatch.setattr(volume, "cpu_pool", lambda: pool)
-    try:
-        with serve(str(root), delay=0.05) as (base, srv):
-            r = Volume.open(f"{base}/plain").scale(0)  # 5 x 3 x 3 = 45 chunks
-            got = r.read()
-            assert np.array_equal(got, truth["plain"])
-            assert srv.max_in_flight > workers, (srv.max_in_flight, workers)
-    finally:
-        pool.shutdown()
+    ctx = Context(decode_threads=workers)
+    with serve(str(root), delay=0.05) as (base, srv):
+        r = Volume.open(f"{base}/plain", context=ctx).scale(0)  # 5 x 3 x 3 = 45 chunks
+        got = r.read()
+        assert np.array_equal(got, truth["plain"])
+        assert srv.max_in_flight > workers, (srv.max_in_flight, workers)
+    assert ctx.decode_threads == workers
 
 
 @pytest.mark.parametrize("client", ["http", "fsspec"])
@@ -294,24 +289,14 @@ def test_refused_connections_are_transient_and_client_errors_are_not():
 def test_http_sharded_reads_fetch_many_shards_at_once(volumes, monkeypatch):
     """Each shard costs round trips of its own (shard index, minishard index, data): a read over
     32 shards keeps many shards in flight, not one per decoding thread, and reads the same."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from xarray_precomputed.format import sharding
-    from xarray_precomputed.kvstore import shard_files as shard_reader
-    from xarray_precomputed import util
-    from xarray_precomputed.reading import base as volume
+    from xarray_precomputed import Context
 
     root, truth = volumes
-    pool = ThreadPoolExecutor(4)
-    monkeypatch.setattr(volume, "cpu_pool", lambda: pool)
-    shard_reader.minishard_cache.clear()
-    try:
-        with serve(str(root), delay=0.05) as (base, srv):
-            got = Volume.open(f"{base}/manyshards").scale(0).read()
-            assert np.array_equal(got, truth["manyshards"])
-            assert srv.max_in_flight > 8, srv.max_in_flight
-    finally:
-        pool.shutdown()
+    ctx = Context(decode_threads=4)  # a fresh context: no cached indices, 4 decode threads
+    with serve(str(root), delay=0.05) as (base, srv):
+        got = Volume.open(f"{base}/manyshards", context=ctx).scale(0).read()
+        assert np.array_equal(got, truth["manyshards"])
+        assert srv.max_in_flight > 8, srv.max_in_flight
 
 
 def test_threads_missing_a_refused_index_together_send_one_request(volumes):
@@ -319,15 +304,13 @@ def test_threads_missing_a_refused_index_together_send_one_request(volumes):
     for once, and every thread gets the refusal (not a second request, and never zeros)."""
     import threading
 
+    from xarray_precomputed import Context
     from xarray_precomputed.format import sharding
-    from xarray_precomputed.kvstore import shard_files as shard_reader
     from xarray_precomputed import util
 
     root, _ = volumes
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
     with serve(str(root), refuse={r"manyshards/.*/00\.shard$": 403}, delay=0.1) as (base, srv):
-        r = Volume.open(f"{base}/manyshards").scale(0)
+        r = Volume.open(f"{base}/manyshards", context=Context()).scale(0)  # no cached indices
         errors, barrier = [], threading.Barrier(8, timeout=30)
 
         def read():

@@ -9,13 +9,14 @@ import itertools
 from pathlib import Path
 
 import numpy as np
+import oracle
 import pytest
 import xarray as xr
 
-import oracle
 import xarray_precomputed as xp
 from xarray_precomputed import _native, codecs
 from xarray_precomputed.codecs.registry import CODECS, Codec
+from xarray_precomputed.context import default_context
 from xarray_precomputed.errors import CodecUnavailableError, InfoError, PrecomputedError, WriterError
 from xarray_precomputed.format.info import DATA_TYPES, parse_info
 from xarray_precomputed.writing import precomputed as writer
@@ -331,12 +332,11 @@ def test_resume_rewrites_truncated_and_foreign_chunks(tmp_path, encoding):
         files[5].write_bytes(b"")
     else:
         files[5].write_bytes(bytes(8) + files[5].read_bytes()[8:])
-    from xarray_precomputed import storage
 
-    before = storage.request_counts["write"]
+    before = default_context().requests["write"]
     xp.to_precomputed(da, str(p), resume=True, **kw)
     rewritten = len(files) if encoding in NO_END_MARKER else 2  # (else the damaged ones)
-    assert storage.request_counts["write"] - before == rewritten + 1  # and the info
+    assert default_context().requests["write"] - before == rewritten + 1  # and the info
     assert _bitwise_equal(_reference_read(p), want)
 
 

@@ -10,7 +10,7 @@ from oracle import make_data, write_volume
 
 import xarray_precomputed as xp
 from xarray_precomputed import Volume
-from xarray_precomputed.kvstore import shard_files as shard_reader
+from xarray_precomputed.context import default_context
 
 SHARDING = dict(preshift_bits=0, hash="identity", minishard_bits=1, shard_bits=1)
 
@@ -25,7 +25,7 @@ def test_a_write_drops_only_its_own_volumes_cached_indices(tmp_path):
 
     def cached(path) -> int:
         url = Volume.open(str(path)).scale(0).store.url
-        return sum(1 for k in list(shard_reader.minishard_cache._d) if k[0] == url)
+        return sum(1 for k in list(default_context().shard_index_cache._d) if k[0] == url)
 
     assert cached(a) and cached(b)
     second = first[::-1].copy() + 1

@@ -23,6 +23,7 @@ from fpzip_arrays import SHAPES, data, smooth, special_value_arrays
 import xarray_precomputed as xp
 from xarray_precomputed.codecs import fpzip as fpzip_codec
 from xarray_precomputed.codecs import get_codec, kempressed
+from xarray_precomputed.context import default_context
 
 fpzip = pytest.importorskip("fpzip")
 _fpzip = importlib.import_module("xarray_precomputed.codecs._fpzip")  # the extension itself
@@ -365,7 +366,6 @@ def test_plausible_refuses_unread_what_no_stream_of_the_chunk_could_be(monkeypat
 
 
 def test_resume_keeps_whole_fpzip_chunks_and_rewrites_the_rest(tmp_path):
-    from xarray_precomputed import storage
 
     data = _random_bits((32, 16, 16, 1), "float32", seed=8)
     da = xr.DataArray(data, dims=("x", "y", "z", "channel"))
@@ -378,8 +378,8 @@ def test_resume_keeps_whole_fpzip_chunks_and_rewrites_the_rest(tmp_path):
     files[0].write_bytes(blob[:-1])  # truncated
     blob = files[1].read_bytes()
     files[1].write_bytes(blob[:100] + bytes([blob[100] ^ 0x40]) + blob[101:])  # damaged
-    before = storage.request_counts["write"]
+    before = default_context().requests["write"]
     xp.to_precomputed(da, str(p), resume=True, **kw)
-    assert storage.request_counts["write"] - before == 2 + 1  # the two chunks and the info
+    assert default_context().requests["write"] - before == 2 + 1  # the two chunks and the info
     got = xp.Volume.open(str(p)).scale(0).read()
     assert np.array_equal(_bits(np.asarray(got)), _bits(data))

@@ -25,6 +25,7 @@ from annotation_truth import (
     Truth,
     brute_in_box,
     make_truth,
+    reshard,
     reverse_cell_names,
     write_neuroglancer,
     write_ngsidekick,
@@ -451,3 +452,141 @@ def test_docs_example_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "docs/annotations.md", "exec"), {"__name__": "docs"})
     assert (tmp_path / "synapses" / "info").is_file()
+
+
+# ---- lazy: dask DataFrames, one partition per shard ---------------------------------------------
+
+SHARDING_4 = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 2, "hash": "murmurhash3_x86_128",
+              "minishard_bits": 2, "shard_bits": 2, "minishard_index_encoding": "gzip",
+              "data_encoding": "gzip"}
+
+
+@pytest.fixture(scope="module")
+def resharded(sk_sets, tmp_path_factory):
+    """ngsidekick's ellipsoid set with by_id and `pre` rewritten into 4 shards by TensorStore."""
+    path = tmp_path_factory.mktemp("resharded") / "set"
+    shutil.copytree(sk_sets["ellipsoid"][0], path)
+    reshard(path, "by_id", SHARDING_4)
+    reshard(path, "pre", SHARDING_4)
+    return path, sk_sets["ellipsoid"][1]
+
+
+def test_dask_dataframe_one_partition_per_shard(resharded):
+    path, truth = resharded
+    ann = xp.Annotations.open(str(path))
+    assert_matches(ann.by_id(truth.ids), truth, relationships=True)  # ids from all 4 shards
+    assert_relationship_inverse(ann.source, truth)
+    ddf = ann.to_dask_dataframe()
+    assert ddf.npartitions == 4
+    df = ddf.compute()
+    np.testing.assert_array_equal(np.sort(df.index.values), np.sort(truth.ids))
+    rows = [truth.row(int(i)) for i in df.index.values]
+    for k, axis in enumerate("xyz"):
+        np.testing.assert_array_equal(df[f"center_{axis}"].values, truth.geometry["center"][rows, k])
+        np.testing.assert_array_equal(df[f"radii_{axis}"].values, truth.geometry["radii"][rows, k])
+    for pid, ptype, _ in truth.prop_specs:
+        if ptype in ("rgb", "rgba"):
+            got = np.stack([df[f"{pid}_{c}"].values for c in "rgba"[:len(ptype)]], axis=1)
+            np.testing.assert_array_equal(got, truth.properties[pid][rows])
+        else:
+            np.testing.assert_array_equal(df[pid].values, truth.properties[pid][rows])
+            assert df[pid].dtype == truth.properties[pid].dtype
+    # a partition's keys are its shard's: each id lies in the shard the spec hashes it to
+    parts = ann.source.partitions("by_id")
+    kv = ann.source.index(ann.info.by_id)
+    for part, frame in zip(parts, ddf.to_delayed()):
+        ids = frame.compute().index.values.astype(np.uint64)
+        assert len(ids) and np.all(kv.locate(ids)[0] == part[1])
+
+
+def test_dask_distributed_count_per_segment(resharded):
+    """A count of annotations per segment over the whole relationship index, on a
+    dask.distributed cluster of processes (tasks pickle to URL, options and info)."""
+    from dask.distributed import Client, LocalCluster
+
+    path, truth = resharded
+    want = {}
+    for lists in truth.relationships["pre"]:
+        for s in lists:
+            want[s] = want.get(s, 0) + 1
+    ann = xp.Annotations.open(str(path))
+    pairs = ann.related_frame("pre")
+    assert pairs.npartitions == 4
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster):
+        counts = pairs.groupby("segment").size().compute()
+    assert {int(k): int(v) for k, v in counts.items()} == want
+
+
+def test_bad_arguments_name_what_is_wrong(ng_sets):
+    ann = xp.Annotations.open(str(ng_sets["line"][0]))
+    with pytest.raises(xp.ArgumentError, match="no relationship 'nope'; the set has \\['pre', 'post'\\]"):
+        ann.related("nope", [1])
+    with pytest.raises(xp.ArgumentError, match="need 3 coordinates"):
+        ann.in_box([0, 0], [1, 1])
+    with pytest.raises(xp.ArgumentError, match="missing must be"):
+        ann.by_id([1], missing="zero")
+    with pytest.raises(xp.ArgumentError, match="use source='by_id'"):
+        ann.to_dask_dataframe(source="spatial")
+
+
+@pytest.mark.parametrize("annotation_type", ["line", "ellipsoid"])
+def test_rank_four(tmp_path, annotation_type):
+    """Any rank: a 4-d set (x, y, z, t) written by neuroglancer's writer."""
+    from neuroglancer import CoordinateSpace
+    from neuroglancer.write_annotations import AnnotationWriter
+
+    rng = np.random.default_rng(7)
+    a = rng.uniform(0, 100, (30, 4)).astype(np.float32)
+    b = (a + rng.uniform(1, 20, (30, 4))).astype(np.float32)
+    w = AnnotationWriter(CoordinateSpace(names=["x", "y", "z", "t"], units=["nm", "nm", "nm", "s"],
+                                         scales=[1, 1, 1, 2]), annotation_type)
+    add = w.add_line if annotation_type == "line" else w.add_ellipsoid
+    for i in range(30):
+        add(a[i], b[i], id=i + 1)
+    w.write(str(tmp_path / "set"))
+    ann = xp.Annotations.open(str(tmp_path / "set"))
+    ds = xr.open_dataset(str(tmp_path / "set"), engine="precomputed")
+    assert list(ds["axis"].values) == ["x", "y", "z", "t"] and ds["axis"].attrs["units"][3] == "s"
+    names = ("point_a", "point_b") if annotation_type == "line" else ("center", "radii")
+    np.testing.assert_array_equal(ds[names[0]].values, a[ds["annotation"].values.astype(np.int64) - 1])
+    np.testing.assert_array_equal(ds[names[1]].values, b[ds["annotation"].values.astype(np.int64) - 1])
+    lo, hi = np.full(4, 30.0), np.full(4, 70.0)
+    got = ann.in_box(lo, hi)["annotation"].values
+    want = [i + 1 for i in range(30) if _meets4(annotation_type, a[i], b[i], lo, hi)]
+    assert got.tolist() == want and len(want) > 0
+
+
+def _meets4(annotation_type, a, b, lo, hi) -> bool:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    if annotation_type == "ellipsoid":
+        nearest = np.clip(a, lo, hi)
+        return float((((nearest - a) / b) ** 2).sum()) <= 1.0
+    t0, t1 = 0.0, 1.0
+    for k in range(4):
+        d = b[k] - a[k]
+        u, v = sorted(((lo[k] - a[k]) / d, (hi[k] - a[k]) / d))
+        t0, t1 = max(t0, u), min(t1, v)
+    return t0 <= t1
+
+
+def test_context_holds_the_store(sk_sets):
+    """A Context of the user's holds the set's store (not the default context's), and reads go through it."""
+    path, truth = sk_sets["point"]
+    ctx = xp.Context()
+    ann = xp.Annotations.open(str(path), context=ctx)
+    assert ann.source.store is not xp.Annotations.open(str(path)).source.store
+    assert_matches(ann.by_id(truth.ids[:50]), truth, relationships=True)
+
+
+def test_dask_dataset_one_chunk_per_shard(resharded):
+    """Sizes and ids from the minishard indexes at once, records when computed."""
+    path, truth = resharded
+    ann = xp.Annotations.open(str(path))
+    lazy = ann.to_dask_dataset()
+    assert lazy["center"].chunks[0] == tuple(len(ann.source.index(ann.info.by_id).keys_in(s))
+                                             for s in range(4))
+    np.testing.assert_array_equal(np.sort(lazy["annotation"].values), np.sort(truth.ids))
+    computed = lazy.compute()
+    assert_matches(computed, truth, relationships=False)
+    assert "pre" not in computed and computed.attrs["annotation_type"] == "ellipsoid"

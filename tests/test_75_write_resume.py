@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 import oracle
-import xarray_precomputed as xp
+import pytest
 from oracle import check_readers, make_da, scale_files
-from xarray_precomputed import storage
 
+import xarray_precomputed as xp
+from xarray_precomputed import storage
+from xarray_precomputed.context import default_context
 
 SH_ID_PRE = dict(preshift_bits=2, hash="identity", minishard_bits=1, shard_bits=2)
 SH_MM_GZ = dict(preshift_bits=1, hash="murmurhash3_x86_128", minishard_bits=2, shard_bits=2,
@@ -60,20 +60,20 @@ def test_resume_after_interrupted_write(tmp_path, monkeypatch, sharding):
     victim = next(n for n in want if n not in written)
     (d / victim).write_bytes(b"\x00" * 7)
 
-    before = storage.request_counts["write"]
+    before = default_context().requests["write"]
     xp.to_precomputed(make_da(data), str(p), **kw)
-    rewrites = storage.request_counts["write"] - before
+    rewrites = default_context().requests["write"] - before
     assert rewrites == len(want) - 3 + 1  # everything but the 3 intact objects, plus the info
     assert scale_files(p) == want
     assert (p / "info").read_bytes() == (ref / "info").read_bytes()
     check_readers(p, data, cv=False)
     # a finished volume: rewritten by default (the data may have changed), skipped on request
-    before = storage.request_counts["write"]
+    before = default_context().requests["write"]
     xp.to_precomputed(make_da(data), str(p), **kw)
-    assert storage.request_counts["write"] - before == len(want) + 1
-    before = storage.request_counts["write"]
+    assert default_context().requests["write"] - before == len(want) + 1
+    before = default_context().requests["write"]
     xp.to_precomputed(make_da(data), str(p), resume=True, **kw)
-    assert storage.request_counts["write"] - before == 1
+    assert default_context().requests["write"] - before == 1
     assert scale_files(p) == want
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import oracle
 import pytest
+import servers
 import xarray as xr
 
-import oracle
-import servers
 from xarray_precomputed import Volume, storage
-from xarray_precomputed.errors import (MissingChunkError, PermissionDeniedError, PrecomputedError,
-                                       StorageError)
+from xarray_precomputed.context import default_context
+from xarray_precomputed.errors import MissingChunkError, PermissionDeniedError, PrecomputedError, StorageError
 
 NAMES = list(servers.FIXTURE_VOLUMES)
 DATA_NAMES = [n for n in NAMES if not n.startswith("missing")]
@@ -154,7 +154,7 @@ def test_nginx_persistent_5xx_retried_then_storage_error(tree, status, fast_retr
     root, _ = tree
     name = "raw_u16_c2_unsharded"
     with servers.nginx_server(root, refuse={rf"^/{name}/.*/5-13_13-21_2-6$": status}) as srv:
-        before = storage.request_counts["retry"]
+        before = default_context().requests["retry"]
         with pytest.raises(StorageError, match="5-13_13-21_2-6") as e:
             Volume.open(f"{srv.url}/{name}").scale(0).read()
         assert isinstance(e.value, PrecomputedError)
@@ -166,7 +166,7 @@ def test_nginx_persistent_5xx_retried_then_storage_error(tree, status, fast_retr
                 break
             time.sleep(0.05)
         assert len(failed) == storage.RETRIES + 1, failed
-        assert storage.request_counts["retry"] - before == storage.RETRIES
+        assert default_context().requests["retry"] - before == storage.RETRIES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,16 +20,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-import pytest
-
 import oracle
+import pytest
 import servers
+
 from xarray_precomputed import Volume, storage
-from xarray_precomputed.format import sharding
-from xarray_precomputed.kvstore import shard_files as shard_reader
-from xarray_precomputed import util
-from xarray_precomputed.errors import (MissingChunkError, PrecomputedError, ShardFormatError,
-                                       StorageError)
+from xarray_precomputed.context import default_context
+from xarray_precomputed.errors import MissingChunkError, PrecomputedError, ShardFormatError, StorageError
 
 # ---------------------------------------------------------------------------------------------
 # The proxy
@@ -202,16 +199,14 @@ def proxy_server(nginx):
 def proxy(proxy_server, monkeypatch):
     """The proxy with no rules, caches empty (every read goes to the server), fast backoff."""
     monkeypatch.setattr(storage.retry, "RETRY_BACKOFF", 0.01)
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+    default_context().forget_shard_indices()
     proxy_server.set()
     yield proxy_server
     proxy_server.set()
 
 
 def _read(url, **kw):
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+    default_context().forget_shard_indices()
     return Volume.open(url, **kw).scale(0).read()
 
 
@@ -223,12 +218,12 @@ def _read(url, **kw):
 def test_first_requests_fail_then_the_data_is_right(tree, proxy, name, kind):
     _, local = tree
     proxy.set(Rule(kind, times=3))
-    before = storage.request_counts["retry"]
+    before = default_context().requests["retry"]
     got = _read(f"{proxy.url}/{name}")
     assert np.array_equal(got, local[name])
     assert proxy.pending() == 0 and proxy.actions().count(kind) == 3
     if kind.isdigit():  # (aiohttp itself re-sends once on a dropped keep-alive connection)
-        assert storage.request_counts["retry"] - before >= 3
+        assert default_context().requests["retry"] - before >= 3
 
 
 @pytest.mark.parametrize("kind", ["503", "reset", "truncate"])
@@ -401,8 +396,7 @@ def test_soak_thousands_of_reads_at_five_percent_faults(tree, proxy):
     try:
         with ThreadPoolExecutor(4) as pool:
             for k in range(0, len(jobs), 250):
-                shard_reader.minishard_cache.clear()
-                shard_reader.shard_form_cache.clear()
+                default_context().forget_shard_indices()
                 list(pool.map(one, jobs[k:k + 250]))
     finally:
         proxy.random_rate = 0.0

@@ -28,7 +28,7 @@ import pytest
 
 from xarray_precomputed import Volume
 from xarray_precomputed.format import sharding
-from xarray_precomputed.kvstore import shard_files as shard_reader
+from xarray_precomputed.context import default_context
 from xarray_precomputed import util
 from xarray_precomputed.errors import (CorruptChunkError, InfoError, PrecomputedError,
                                        ShardFormatError)
@@ -246,7 +246,7 @@ def test_gzip_bomb_in_a_minishard_index_is_bounded(tmp_path):
     bomb = gzip.compress(b"\0" * (32 << 20), compresslevel=9)
     start = len(b) - 16
     shard.write_bytes(struct.pack("<QQ", start, start + len(bomb)) + b[16:] + bomb)
-    shard_reader.minishard_cache.clear()
+    default_context().shard_index_cache.clear()
     # refused for its compressed size, or when decompression passes the bound
     with pytest.raises((CorruptChunkError, ShardFormatError), match="bound|past the end"):
         Volume.open(str(path)).scale(0).read()
@@ -258,7 +258,7 @@ def test_impossible_minishard_index_range_is_refused_before_reading(tmp_path, st
     path, shard, _ = _one_chunk_shard(tmp_path)
     b = shard.read_bytes()
     shard.write_bytes(struct.pack("<QQ", start, end) + b[16:])
-    shard_reader.minishard_cache.clear()
+    default_context().shard_index_cache.clear()
     with pytest.raises(ShardFormatError):
         Volume.open(str(path)).scale(0).read()
 
@@ -272,7 +272,7 @@ def test_chunk_size_in_a_minishard_index_is_checked_against_the_file(tmp_path, s
     start, end = struct.unpack_from("<QQ", b, 0)
     struct.pack_into("<Q", b, 16 + end - 8, size)  # size column of the only entry
     shard.write_bytes(bytes(b))
-    shard_reader.minishard_cache.clear()
+    default_context().shard_index_cache.clear()
     with pytest.raises(ShardFormatError, match="past the end"):
         Volume.open(str(path)).scale(0).read()
 
@@ -293,7 +293,7 @@ def test_duplicate_chunk_ids_in_a_minishard_index_are_refused(tmp_path):
     arr[0, 1] = 0  # id delta 0: the second entry repeats the first id
     b[16 + start:16 + end] = arr.tobytes()
     shard.write_bytes(bytes(b))
-    shard_reader.minishard_cache.clear()
+    default_context().shard_index_cache.clear()
     with pytest.raises(ShardFormatError, match="increasing"):
         Volume.open(str(path)).scale(0).read()
 
@@ -433,8 +433,7 @@ def _settings(n: int):
 
 
 def _reset_caches() -> None:
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+    default_context().forget_shard_indices()
 
 
 def _attempt(fn):

@@ -1,6 +1,7 @@
 """Thread safety: many threads reading random boxes (and strided selections) of one Volume at once
-get exactly what a single-threaded read gets, locally and over HTTP (nginx), while the per-process
-index caches, set very small here, evict under contention and stay within their bounds."""
+get exactly what a single-threaded read gets, locally and over HTTP (nginx), while the index
+caches of their context, set very small here, evict under contention and stay within their
+bounds."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import pytest
 import servers
 import xarray as xr
 
-from xarray_precomputed import Volume, util
+from xarray_precomputed import Context, Volume, util
 from xarray_precomputed.errors import PermissionDeniedError, ShardFormatError
 from xarray_precomputed.format import sharding
-from xarray_precomputed.kvstore import shard_files as shard_reader
 
 THREADS = 16
 READS_PER_THREAD = 12
 CACHE_MAX = 1024        # bytes: a few minishard indices, so threads evict each other's
-LAYOUT_CACHE_MAX = 256  # bytes: 4 shard layouts
+LAYOUT_CACHE_MAX = 64   # bytes: one shard layout (the context gives layouts 1/16 of the index bytes)
 
 VOLUMES = {
     # many shards and minishards (murmurhash), gzip indices and data
@@ -53,14 +53,9 @@ def volumes(tmp_path_factory):
 
 
 @pytest.fixture
-def small_caches(monkeypatch):
-    monkeypatch.setattr(shard_reader.minishard_cache, "max_bytes", CACHE_MAX)
-    monkeypatch.setattr(shard_reader.shard_form_cache, "max_bytes", LAYOUT_CACHE_MAX)
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
-    yield
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+def small_caches():
+    """A context whose index caches hold a few entries."""
+    return Context(shard_index_cache_bytes=CACHE_MAX)
 
 
 def _selections(shape, seed):
@@ -116,14 +111,14 @@ def _hammer(vol: Volume, shared_reader, truth, seed0: int):
 @pytest.mark.parametrize("name", list(VOLUMES))
 def test_many_threads_read_what_one_thread_reads(volumes, small_caches, name):
     root, truth = volumes
-    vol = Volume.open(str(root / name))
-    before = dict(shard_reader.index_fetches)
+    ctx = small_caches
+    vol = Volume.open(str(root / name), context=ctx)
     bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=17)
     assert not bad, f"{len(bad)} concurrent reads differ from the single-threaded read: {bad[:3]}"
-    assert shard_reader.minishard_cache.nbytes <= shard_reader.minishard_cache.max_bytes == CACHE_MAX
-    assert shard_reader.shard_form_cache.nbytes <= shard_reader.shard_form_cache.max_bytes == LAYOUT_CACHE_MAX
+    assert ctx.shard_index_cache.nbytes <= ctx.shard_index_cache.max_bytes == CACHE_MAX
+    assert ctx.shard_form_cache.nbytes <= ctx.shard_form_cache.max_bytes == LAYOUT_CACHE_MAX
     if "sharding" in VOLUMES[name]:
-        fetched = sum(shard_reader.index_fetches.values()) - sum(before.values())
+        fetched = sum(ctx.index_fetches.values())
         distinct = len(list((root / name).rglob("*.shard"))) * (1 + 4)  # shard + 4 minishards
         assert fetched > distinct, "the small cache should have evicted and re-fetched indices"
 
@@ -132,14 +127,14 @@ def test_many_threads_over_http(volumes, small_caches):
     root, truth = volumes
     name = "cseg_u64_mm"
     with servers.nginx_server(root) as srv:
-        vol = Volume.open(f"{srv.url}/{name}")
+        vol = Volume.open(f"{srv.url}/{name}", context=small_caches)
         bad, _ = _hammer(vol, vol.scale(0), truth[name], seed0=99)
         assert not bad, bad[:3]
         assert all(r["status"] in (200, 206) for r in srv.requests())
-    assert shard_reader.minishard_cache.nbytes <= CACHE_MAX
+    assert 0 < small_caches.shard_index_cache.nbytes <= CACHE_MAX
 
 
-def test_cache_bound_holds_while_threads_insert(small_caches):
+def test_cache_bound_holds_while_threads_insert():
     """The LRU itself: concurrent puts and gets never leave it above its bound (entries no larger
     than the bound), and every value read back is the one stored under its key."""
     cache = util.LRUCache(4096)
@@ -165,10 +160,11 @@ def test_cache_bound_holds_while_threads_insert(small_caches):
 def test_dask_threads_through_xarray(volumes, small_caches):
     root, truth = volumes
     name = "raw_u16_c2_id"
-    ds = xr.open_dataset(str(root / name), engine="precomputed", chunks={"x": 16, "y": 8, "z": 8})
+    ds = xr.open_dataset(str(root / name), engine="precomputed", chunks={"x": 16, "y": 8, "z": 8},
+                         context=small_caches)
     got = ds["image"].compute(scheduler="threads", num_workers=8).values
     assert np.array_equal(got, truth[name])
-    assert shard_reader.minishard_cache.nbytes <= CACHE_MAX
+    assert 0 < small_caches.shard_index_cache.nbytes <= CACHE_MAX
 
 
 def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
@@ -179,8 +175,7 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
     from xarray_precomputed import storage
 
     root, truth = volumes
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+    ctx = Context()  # nothing cached, nothing counted
     slow = storage.LocalStore.read_ranges
 
     def read_ranges(self, key, ranges):
@@ -188,8 +183,7 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
         return slow(self, key, ranges)
 
     monkeypatch.setattr(storage.LocalStore, "read_ranges", read_ranges)
-    before = dict(shard_reader.index_fetches)
-    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    r = Volume.open(str(root / "raw_u16_c2_id"), context=ctx).scale(0)
     box = (slice(0, 8), slice(0, 8), slice(0, 4))  # one chunk: one shard, one minishard
     barrier = threading.Barrier(THREADS)
 
@@ -201,8 +195,7 @@ def test_concurrent_misses_fetch_each_index_once(volumes, monkeypatch):
         results = list(pool.map(read, range(THREADS)))
     for got in results:
         np.testing.assert_array_equal(got, truth["raw_u16_c2_id"][box])
-    fetched = {k: shard_reader.index_fetches[k] - before.get(k, 0) for k in ("shard_index", "minishard_index")}
-    assert fetched == {"shard_index": 1, "minishard_index": 1}
+    assert ctx.index_fetches.snapshot() == {"shard_index": 1, "minishard_index": 1}
 
 
 def _recording_ranges(monkeypatch, delay=0.0):
@@ -229,22 +222,20 @@ def test_minishard_indices_of_a_shard_are_fetched_in_one_round(volumes, monkeypa
     request round (shard index, minishard indices, chunk data), not one per minishard, which
     over a network is one round trip each."""
     root, truth = volumes
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
-    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    ctx = Context()
+    r = Volume.open(str(root / "raw_u16_c2_id"), context=ctx).scale(0)
     # identity hash, preshift 1, 2 minishard bits: ids 0-7 are shard 0, two per minishard
     ids = np.arange(8, dtype=np.uint64)
     shards, minis = sharding.chunk_location(ids, r.scale_info.sharding)
     assert len(np.unique(shards)) == 1 and len(np.unique(minis)) == 4
     calls = _recording_ranges(monkeypatch)
-    before = dict(shard_reader.index_fetches)
     got = r._shards.read_chunks(int(shards[0]), ids, minis, str)
     assert sum(b is not None for b in got) > 0
     assert len(calls) == 3, calls  # shard index; the 4 minishard indices; the chunks
     assert calls[1][1] == 4
-    assert shard_reader.index_fetches["minishard_index"] - before.get("minishard_index", 0) == 4
+    assert ctx.index_fetches["minishard_index"] == 4
     # the whole volume still reads the same with the indices fetched this way
-    shard_reader.minishard_cache.clear()
+    ctx.shard_index_cache.clear()
     np.testing.assert_array_equal(r.read(), truth["raw_u16_c2_id"])
 
 
@@ -252,14 +243,12 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     """Threads asking at once for overlapping sets of minishard indices of one shard (in every
     order) fetch each index once between them, and none waits forever on another."""
     root, truth = volumes
-    shard_reader.minishard_cache.clear()
-    shard_reader.shard_form_cache.clear()
+    ctx = Context()
     _recording_ranges(monkeypatch, delay=0.02)
-    r = Volume.open(str(root / "raw_u16_c2_id")).scale(0)
+    r = Volume.open(str(root / "raw_u16_c2_id"), context=ctx).scale(0)
     shards, _ = sharding.chunk_location(np.arange(8, dtype=np.uint64), r.scale_info.sharding)
     reader = r._shards
     sets = [[0, 1], [1, 2], [2, 3], [3, 0], [3, 2, 1, 0], [0], [2]]
-    before = dict(shard_reader.index_fetches)
     barrier = threading.Barrier(THREADS, timeout=30)
     results: dict = {}
 
@@ -278,8 +267,7 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     assert sorted(results) == list(range(THREADS))
     for k, got in results.items():
         assert sorted(got) == sorted(sets[k % len(sets)])
-    fetched = shard_reader.index_fetches["minishard_index"] - before.get("minishard_index", 0)
-    assert fetched == 4
+    assert ctx.index_fetches["minishard_index"] == 4
 
 
 @pytest.mark.parametrize("error, shared", [

@@ -4,6 +4,7 @@
 engine="precomputed")` the xarray front door (see backends/).
 """
 
+from .context import Context
 from .errors import (
     ArgumentError,
     BoundsError,
@@ -52,5 +53,5 @@ __all__ = [
     "StorageError", "URLError", "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info",
     "ScaleReader", "Volume", "open_volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed",
     "downsample", "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties",
-    "Annotations", "to_annotations", "label_points",
+    "Context", "Annotations", "to_annotations", "label_points",
 ]

@@ -2,8 +2,9 @@
 
 - `LRUCache`: a thread-safe cache bounded by the bytes of its values.
 - `single_flight(key)`: threads missing the same cache key at once fetch it once.
-- `cpu_pool()` / `io_pool()`: the process's decode pool and its pool of threads that wait on
-  remote stores (both re-made after a fork).
+- `ForkSafePool`: a thread pool made on first use, and again in a forked child.
+- `cpu_pool()` / `io_pool()`: the decode pool and the pool of threads that wait on remote stores
+  of the default context (`context.py` owns them; these answer for it).
 - `settle(tasks)` / `wait_all(tasks)`: a failed batch of futures leaves no work running behind it.
 """
 
@@ -12,14 +13,16 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import StorageError
 
-# Threads of io_pool(): how many remote requests (or request batches) can be in flight at once.
+# Threads of an I/O pool by default: how many remote requests (or request batches) can be in
+# flight at once (context.Context's io_threads).
 IO_THREADS = 32
 
 
@@ -129,7 +132,9 @@ class ForkSafePool:
         self._pool: ThreadPoolExecutor | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
-        os.register_at_fork(after_in_child=self._forget)
+        # Through a weak reference: a context's pools go with it, and a hook cannot be removed.
+        ref = weakref.WeakMethod(self._forget)
+        os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
 
     def _forget(self) -> None:
         self._lock = threading.Lock()
@@ -149,25 +154,37 @@ class ForkSafePool:
             return self._pool
 
 
-_cpu = ForkSafePool(lambda: max(4, 2 * (os.cpu_count() or 2)), "xarray-precomputed")
-_io = ForkSafePool(lambda: IO_THREADS, "xarray-precomputed-io")
+class _DefaultPools:
+    """Where `cpu_pool()` and friends find the default context's pools. `util` sits below
+    `context` (which owns and sizes them), so that module registers them here when imported;
+    the package root imports it, so it is set before any of these can be called."""
+
+    cpu: Callable[[], ThreadPoolExecutor]
+    io: Callable[[], ThreadPoolExecutor]
+    cpu_size: Callable[[], int]
+
+
+def use_default_pools(cpu: Callable[[], ThreadPoolExecutor], io: Callable[[], ThreadPoolExecutor],
+                      cpu_size: Callable[[], int]) -> None:
+    """Called once, by `context`: how to reach the default context's pools."""
+    _DefaultPools.cpu, _DefaultPools.io, _DefaultPools.cpu_size = cpu, io, cpu_size
 
 
 def cpu_pool() -> ThreadPoolExecutor:
-    """The decode (and local I/O) pool of this process, shared by every reader."""
-    return _cpu.get()
+    """The default context's decode (and local I/O) pool (a reader uses its own context's)."""
+    return _DefaultPools.cpu()
 
 
 def cpu_pool_size() -> int:
     """How many threads cpu_pool() has."""
-    return _cpu.size
+    return _DefaultPools.cpu_size()
 
 
 def io_pool() -> ThreadPoolExecutor:
-    """Threads that wait on a remote store (each blocks while the client's event loop does the
-    I/O), so that many requests are in flight whatever the core count; decoding stays on
-    cpu_pool()."""
-    return _io.get()
+    """The default context's threads that wait on a remote store (each blocks while the client's
+    event loop does the I/O), so that many requests are in flight whatever the core count;
+    decoding stays on cpu_pool()."""
+    return _DefaultPools.io()
 
 
 def settle(tasks: list[Future]) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 
 from ..codecs.annotation_records import AnnotationColumns
+from ..errors import ArgumentError
 from ..format.annotation_info import AnnotationInfo, is_annotation_info
 from ..reading.annotations import AnnotationSource
 from ..storage import open_store, strip_scheme_prefix
@@ -41,9 +42,11 @@ class Annotations:
         self.source = source
 
     @classmethod
-    def open(cls, url, storage_options: dict | None = None, *, info: Any = None) -> "Annotations":
+    def open(cls, url, storage_options: dict | None = None, *, info: Any = None,
+             context: Any = None) -> "Annotations":
+        """Reads the `info` only (or takes `info=`); `context` as for volumes."""
         return cls(AnnotationSource.open(str(url), storage_options=check_options(storage_options),
-                                         info=info))
+                                         info=info, context=context))
 
     @property
     def info(self) -> AnnotationInfo:
@@ -93,7 +96,120 @@ class Annotations:
             return annotation_dataset(self.source.read_all(), self.source, "spatial")
         if source == "by_id":
             return annotation_dataset(self.source.by_id_all(), self.source, "by_id")
-        raise ValueError(f"source must be 'spatial' or 'by_id', got {source!r}")
+        raise ArgumentError(f"source must be 'spatial' or 'by_id', got {source!r}")
+
+
+    def to_dask_dataframe(self, *, source: str | None = None):
+        """Every annotation as a dask DataFrame indexed by id, one partition per shard of the
+        index read: by_id's (the default, except for points with an unsharded by_id; the keys
+        come from the minishard indexes) or, for points, every spatial level's
+        (`source="spatial"`). Columns as `annotation_frame` names them. Tasks carry the URL,
+        options and `info`, so they run on `dask.distributed` workers."""
+        import dask.dataframe as dd
+
+        if source is None:
+            point_spatial = (self.annotation_type == "point" and self.info.by_id.sharding is None
+                             and bool(self.info.spatial))
+            source = "spatial" if point_spatial else "by_id"
+        parts = self.source.partitions(source)
+        meta = annotation_frame(self.source.layout.empty(), self.info)
+        return dd.from_map(_read_frame_part, parts, args=(self._state(),), meta=meta,
+                           enforce_metadata=False)
+
+    def to_dask_dataset(self) -> xr.Dataset:
+        """Every annotation as a dask-backed Dataset of the module's layout, one chunk along
+        `annotation` per shard of the by_id index: the ids (the coordinate) and so the sizes
+        come from the minishard indexes at once, the records when computed. Holds geometry,
+        properties and a polyline's `point_count`; ragged values (a polyline's points,
+        relationship lists) have no size before they are read: `by_id` and `related` give them."""
+        import dask
+        import dask.array as da
+
+        kv = self.source.index(self.info.by_id)
+        parts = list(self.source.partitions("by_id"))
+        keys = [kv.keys_in(p[1]) for p in parts]
+        parts = [p for p, k in zip(parts, keys) if len(k)]
+        keys = [k for k in keys if len(k)]
+        template = annotation_dataset(self.source.layout.empty(), self.source, "by_id")
+        names = [n for n, v in template.data_vars.items()
+                 if v.dims[0] == ANNOTATION and "relationship" not in v.attrs]
+        state = self._state()
+        columns = [dask.delayed(_read_columns_part)(part, state, names) for part in parts]
+        data = {}
+        for n in names:
+            var = template[n]
+            blocks = [da.from_delayed(c[n], shape=(len(k), *var.shape[1:]), dtype=var.dtype)
+                      for c, k in zip(columns, keys)]
+            arr = da.concatenate(blocks) if blocks else np.zeros((0, *var.shape[1:]), var.dtype)
+            data[n] = xr.Variable(var.dims, arr, var.attrs)
+            data[n].encoding = dict(var.encoding)
+        ids = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        ds = xr.Dataset(data, coords={ANNOTATION: ids, AXIS: template[AXIS]})
+        ds.attrs, ds.encoding = template.attrs, template.encoding
+        return ds
+
+    def related_frame(self, relationship: str):
+        """The relationship index as a dask DataFrame of (`segment`, `annotation`) pairs, one
+        partition per shard (segments from the minishard indexes, annotation ids from the
+        values): `.groupby("segment").size()` counts the annotations of every segment."""
+        import dask.dataframe as dd
+        import pandas as pd
+
+        spec = self.info.relationship(relationship)
+        parts = list(self.source.index(spec).partitions())
+        meta = pd.DataFrame({"segment": np.zeros(0, np.uint64), ANNOTATION: np.zeros(0, np.uint64)})
+        return dd.from_map(_read_pairs_part, parts, args=(self._state(), relationship), meta=meta,
+                           enforce_metadata=False)
+
+    def _state(self) -> tuple:
+        return self.url, self.source.storage_options, json.dumps(self.info.to_json())
+
+
+def _open_state(state: tuple) -> AnnotationSource:
+    url, storage_options, info = state
+    return AnnotationSource.open(url, storage_options=storage_options, info=info)
+
+
+def _read_frame_part(part: tuple, state: tuple):
+    src = _open_state(state)
+    return annotation_frame(src.read_partition(part), src.info)
+
+
+def _read_columns_part(part: tuple, state: tuple, names: list[str]) -> dict:
+    src = _open_state(state)
+    ds = annotation_dataset(src.read_partition(part), src, "by_id")
+    return {n: ds[n].values for n in names}
+
+
+def _read_pairs_part(part: object, state: tuple, relationship: str):
+    import pandas as pd
+
+    segments, ids = _open_state(state).related_pairs(relationship, part)
+    return pd.DataFrame({"segment": segments, ANNOTATION: ids})
+
+
+def annotation_frame(cols: AnnotationColumns, info: AnnotationInfo):
+    """A pandas DataFrame of decoded columns, indexed by `annotation` (uint64 ids): geometry
+    `<name>_<axis>` (`point_x`, ...), a polyline's `point_count` (its points are in the
+    Datasets: dask stores object columns as strings), properties by id (rgb/rgba as `<id>_r`,
+    `_g`, `_b`, `_a`). Relationships: `Annotations.related_frame`."""
+    import pandas as pd
+
+    names = info.dimension_names
+    data: dict[str, Any] = {}
+    for g, v in cols.geometry.items():
+        for k, axis in enumerate(names):
+            data[f"{g}_{axis}"] = v[:, k]
+    if cols.point_counts is not None:
+        data["point_count"] = cols.point_counts
+    for p in info.properties:
+        v = cols.properties[p.id]
+        if p.components > 1:
+            for k, c in enumerate("rgba"[:p.components]):
+                data[f"{p.id}_{c}"] = v[:, k]
+        else:
+            data[p.id] = v
+    return pd.DataFrame(data, index=pd.Index(cols.ids.astype(np.uint64), name=ANNOTATION))
 
 
 def _relationship_names(info: AnnotationInfo) -> dict[str, str]:

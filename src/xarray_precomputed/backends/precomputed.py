@@ -294,11 +294,11 @@ def _looks_like_volume_dir(path: str) -> bool:
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
-                 missing_count=None) -> Volume:
+                 missing_count=None, context=None) -> Volume:
     return Volume.open(os.fspath(filename_or_obj), info=info,
                        storage_options=check_options(storage_options),
                        fill_missing=check_bool("fill_missing", fill_missing),
-                       missing_count=check_count(missing_count))
+                       missing_count=check_count(missing_count), context=context)
 
 
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
@@ -307,7 +307,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
-                               "preferred_chunks", "order", "missing_count",
+                               "preferred_chunks", "order", "missing_count", "context",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
@@ -315,7 +315,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      chunk_size_index: int = 0, info: Any = None,
                      drop_variables: str | Iterable[str] | None = None,
                      preferred_chunks: str | None = None, order: str | None = None,
-                     missing_count: MissingCount | None = None,
+                     missing_count: MissingCount | None = None, context: Any = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -330,12 +330,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         what each dask task of `chunks={}` reads, since dask assembles results in C order; F for
         every other read, `.values` included). xarray does not tell engines about `chunks=`, so
         neither depends on it. `missing_count` (a `MissingCount`) counts the missing chunks the
-        dataset's reads fill with 0. The decoding arguments are accepted for xarray's sake and
-        change nothing."""
+        dataset's reads fill with 0. `context` (an `xarray_precomputed.Context`) holds the
+        threads, caches and counters its reads use (None: the default context where they run).
+        The decoding arguments are accepted for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
         try:
-            vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+            vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
+                               context)
         except InfoError:
             other = open_other_kind(os.fspath(filename_or_obj), storage_options, info)
             if other is None:

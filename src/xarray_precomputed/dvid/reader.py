@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..context import Context
 from ..errors import BoundsError, InfoError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..reading.base import ChunkedScaleReader, Fetched, Lazy
@@ -64,13 +65,13 @@ class DvidScaleReader(ChunkedScaleReader):
 
     def __init__(self, url: str, info: VolumeInfo, scale: ScaleInfo, *,
                  labels: str = "agglomerated", fill_missing: bool = True,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, context: Context | None = None):
         if labels not in LABEL_MODES:
             raise PrecomputedError(f"labels must be one of {LABEL_MODES}, got {labels!r}")
         check_info(info, scale)
         super().__init__(strip_scheme_prefix(str(url)), info, scale,
                          storage_options=storage_options, fill_missing=fill_missing,
-                         chunk_size_index=0)
+                         chunk_size_index=0, context=context)
         self.labels = labels
         self.boxes = ShardBoxes.for_scale(scale)
         self._limit = max_block_bytes(self.chunk_size)

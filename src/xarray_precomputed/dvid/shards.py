@@ -25,7 +25,6 @@ from ..errors import CodecUnavailableError, CorruptChunkError, InfoError, ShardF
 from ..format.info import ScaleInfo
 from ..format.sharding import shard_box
 from ..storage import Store
-from ..util import LRUCache
 
 INSTALL_HINT = "pip install 'xarray-precomputed[dvid]'"
 FOOTER_MAGIC = b"CHUNKIDX"
@@ -35,11 +34,13 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_INDEX_BYTES = 256 << 20
 MAX_SCHEMA_BYTES = 16 << 20
 
-# Per-process caches (bounded by approximate bytes held).
-index_cache = LRUCache(128 << 20)    # (store url, shard base) -> ShardIndex | _ABSENT
-schema_cache = LRUCache(16 << 20)    # (store url, arrow key, schema_size) -> pyarrow.Schema
-table_cache = LRUCache(512 << 20)    # (store url, arrow key) -> Rows of the whole file
-batch_cache = LRUCache(64 << 20)     # (store url, arrow key, offset, size) -> Rows of one batch
+# The caches of the store's context (`Context.cache`), by name: their bounds (approximate bytes).
+CACHES = {
+    "dvid index": 128 << 20,   # (store url, shard base) -> ShardIndex | _ABSENT
+    "dvid schema": 16 << 20,   # (store url, arrow key, schema_size) -> pyarrow.Schema
+    "dvid table": 512 << 20,   # (store url, arrow key) -> Rows of the whole file
+    "dvid batch": 64 << 20,    # (store url, arrow key, offset, size) -> Rows of one batch
+}
 _ABSENT = ("absent",)
 
 
@@ -388,6 +389,9 @@ class ShardFiles:
     def __init__(self, store: Store, boxes: ShardBoxes):
         self.store = store
         self.boxes = boxes
+        ctx = store.context
+        self.index_cache, self.schema_cache, self.table_cache, self.batch_cache = (
+            ctx.cache(name, size) for name, size in CACHES.items())
 
     def describe(self, shard, ext: str = "arrow") -> str:
         return self.store.describe(f"{self.boxes.base(shard)}.{ext}")
@@ -396,14 +400,14 @@ class ShardFiles:
         """The shard's chunk index, or None when the shard has no file (all of it is 0)."""
         base = self.boxes.base(shard)
         ck = (self.store.url, base)
-        hit = index_cache.get(ck)
+        hit = self.index_cache.get(ck)
         if hit is not None:
             return None if hit is _ABSENT else hit
         idx = self._load_index(shard, base)
         if idx is None:
-            index_cache.put(ck, _ABSENT, 64)
+            self.index_cache.put(ck, _ABSENT, 64)
         else:
-            index_cache.put(ck, idx, 200 + 150 * len(idx.entries))
+            self.index_cache.put(ck, idx, 200 + 150 * len(idx.entries))
         return idx
 
     def _load_index(self, shard, base: str) -> ShardIndex | None:
@@ -437,7 +441,7 @@ class ShardFiles:
         """(rows of the whole .arrow file, footer JSON or None), read once per process."""
         key = self.boxes.base(shard) + ".arrow"
         ck = (self.store.url, key)
-        hit = table_cache.get(ck)
+        hit = self.table_cache.get(ck)
         if hit is not None:
             return hit
         data = self.store.read(key)
@@ -447,12 +451,12 @@ class ShardFiles:
         arrow, footer = split_footer(data, where=where)
         rows = Rows(_open_ipc(arrow, where=where), where=where)
         result = (rows, footer)
-        table_cache.put(ck, result, rows.nbytes + len(footer or b"") + 256)
+        self.table_cache.put(ck, result, rows.nbytes + len(footer or b"") + 256)
         return result
 
     def _schema(self, key: str, schema_size: int, prefetched: bytes | None = None):
         ck = (self.store.url, key, schema_size)
-        hit = schema_cache.get(ck)
+        hit = self.schema_cache.get(ck)
         if hit is not None:
             return hit
         where = self.store.describe(key)
@@ -467,7 +471,7 @@ class ShardFiles:
             raise ShardFormatError(f"file is shorter than its {schema_size}-byte schema",
                                    chunk=where)
         schema = _parse_schema(data, where=where)
-        schema_cache.put(ck, schema, schema_size + 1024)
+        self.schema_cache.put(ck, schema, schema_size + 1024)
         return schema
 
     def records(self, shard, cells: list[tuple[int, int, int]],
@@ -510,12 +514,12 @@ class ShardFiles:
         batches: dict = {}
         fetch = []
         for span in spans:
-            hit = batch_cache.get((self.store.url, key) + span)
+            hit = self.batch_cache.get((self.store.url, key) + span)
             if hit is None:
                 fetch.append(span)
             else:
                 batches[span] = hit
-        have_schema = schema_cache.get((self.store.url, key, schema_size)) is not None
+        have_schema = self.schema_cache.get((self.store.url, key, schema_size)) is not None
         ranges = ([] if have_schema else [(0, schema_size)]) + [(o, o + s) for o, s in fetch]
         got = self.store.read_ranges(key, ranges) if ranges else []
         if got is None:
@@ -533,7 +537,7 @@ class ShardFiles:
             rows = Rows(_parse_batch(data, schema, where=f"{where} bytes [{o}, {o + s})"),
                         where=f"{where} bytes [{o}, {o + s})")
             batches[(o, s)] = rows
-            batch_cache.put((self.store.url, key, o, s), rows, rows.nbytes + 256)
+            self.batch_cache.put((self.store.url, key, o, s), rows, rows.nbytes + 256)
         for i, e in want:
             rows = batches[(e.offset, e.size)]
             row = e.row if e.row is not None else 0

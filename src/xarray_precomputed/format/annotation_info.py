@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..codecs.annotation_records import ANNOTATION_TYPES, PROPERTY_TYPES, RecordLayout
-from ..errors import InfoError
+from ..errors import ArgumentError, InfoError
 from .info import ShardingSpec, resolve_key
 
 ANNOTATION_INFO_TYPE = "neuroglancer_annotations_v1"
@@ -159,7 +159,7 @@ class AnnotationInfo:
         for r in self.relationships:
             if r.id == rid:
                 return r
-        raise KeyError(f"no relationship {rid!r}; the set has {[r.id for r in self.relationships]}")
+        raise ArgumentError(f"no relationship {rid!r}; the set has {[r.id for r in self.relationships]}")
 
     def record_layout(self) -> RecordLayout:
         return RecordLayout(self.annotation_type, self.rank,

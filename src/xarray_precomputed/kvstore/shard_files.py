@@ -1,18 +1,19 @@
 """Reading chunks by id from the shard files of one sharded scale, with few requests.
 
-Shard and minishard indices are cached per process in bounded LRU caches, so a dask worker
-fetches each index once however many tasks touch it; concurrent misses of one index share a
-single fetch.
+Shard and minishard indices are cached in the bounded LRU caches of the store's context
+(`Context.shard_index_cache`, `.shard_form_cache`), so a dask worker fetches each index once
+however many tasks touch it; concurrent misses of one index share a single fetch. Index fetches
+are counted in the context's `index_fetches`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from contextlib import ExitStack
 from typing import Iterable
 
 import numpy as np
 
+from ..context import DefaultCounters, default_context, live_contexts
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
 from ..format.sharding import (
@@ -24,18 +25,17 @@ from ..format.sharding import (
     shard_index_bytes,
 )
 from ..storage import Store
-from ..util import LRUCache, single_flight
+from ..util import single_flight
 
-# Per process: minishard indices, and which form each shard file has (one `.shard`, the obsolete
-# `.index` + `.data` pair, or absent).
-minishard_cache = LRUCache(256 << 20)
-shard_form_cache = LRUCache(16 << 20)
+# In the store's context: minishard indices, and which form each shard file has (one `.shard`,
+# the obsolete `.index` + `.data` pair, or absent).
 _ABSENT = "absent"
 _NO_SHARD_FILE = "no .shard"  # the `.shard` file is absent; the obsolete pair may exist
 WHOLE_SHARD_INDEX_BYTES = 1 << 16
-# Index fetches in this process ("shard_index", "minishard_index"): W4 checks each worker fetches
-# every index once.
-index_fetches: Counter = Counter()
+# Index fetches of the default context ("shard_index", "minishard_index", "whole_shard"), a view;
+# each context counts its own in `Context.index_fetches` (W4 checks each worker fetches every
+# index once).
+index_fetches = DefaultCounters("index_fetches")
 
 
 class ShardReader:
@@ -46,6 +46,9 @@ class ShardReader:
         self.store = store
         self.path = path
         self.spec = spec
+        ctx = store.context
+        self.minishard_cache, self.shard_form_cache = ctx.shard_index_cache, ctx.shard_form_cache
+        self.index_fetches = ctx.index_fetches
         self.max_chunk_bytes = max_chunk_bytes
         # A minishard index cannot legitimately describe more chunks than the scale has.
         self.max_minishard_bytes = 24 * max(1, min(max_chunks, 1 << 28))
@@ -60,11 +63,11 @@ class ShardReader:
     def _read_file_ranges(self, shard: int, ranges):
         """Read absolute `.shard` byte ranges, from `.shard` or the obsolete `.index`+`.data`."""
         ck = self._cache_key("form", shard)
-        form = shard_form_cache.get(ck)
+        form = self.shard_form_cache.get(ck)
         if form is None or form == "shard":
             got = self.store.read_ranges(self._key(shard_filename(shard, self.spec)), ranges)
             if got is not None:
-                shard_form_cache.put(ck, "shard", 64)
+                self.shard_form_cache.put(ck, "shard", 64)
                 return got
             if form == "shard":
                 return None
@@ -82,7 +85,7 @@ class ShardReader:
             got = self.store.read_ranges(idx_key, [r for _, r in index_part])
             if got is None:
                 if form is None:
-                    shard_form_cache.put(ck, _ABSENT, 64)
+                    self.shard_form_cache.put(ck, _ABSENT, 64)
                 return None
             for (i, _), b in zip(index_part, got):
                 out[i] = b
@@ -94,7 +97,7 @@ class ShardReader:
                                        chunk=self.store.describe(data_key))
             for (i, _), b in zip(data_part, got):
                 out[i] = b
-        shard_form_cache.put(ck, "split", 64)
+        self.shard_form_cache.put(ck, "split", 64)
         return out
 
     def read_file_ranges(self, shard: int, ranges) -> list | None:
@@ -106,7 +109,7 @@ class ShardReader:
 
     def absent_names(self, shard: int) -> list[str] | None:
         """The names looked for, when the shard was found to have no file; else None."""
-        if shard_form_cache.get(self._cache_key("form", shard)) != _ABSENT:
+        if self.shard_form_cache.get(self._cache_key("form", shard)) != _ABSENT:
             return None
         key = self._key(shard_filename(shard, self.spec))
         return self.store.missing_names(key) + \
@@ -122,20 +125,20 @@ class ShardReader:
                 return None
             return {m: parse_shard_index_entry(b, where=wheres[m]) for m, b in zip(minishards, got)}
         ck = self._cache_key("index", shard)
-        hit = minishard_cache.get(ck)
+        hit = self.minishard_cache.get(ck)
         if hit is None:
             with single_flight(ck):
-                hit = minishard_cache.get(ck)
+                hit = self.minishard_cache.get(ck)
                 if hit is None:
                     hit = self._fetch_shard_index(shard, wheres[minishards[0]])
                     if hit is None:
                         return None
-                    minishard_cache.put(ck, hit, self.index_end + 64)
+                    self.minishard_cache.put(ck, hit, self.index_end + 64)
         return {m: parse_shard_index_entry(hit[0][m].tobytes(), where=wheres[m])
                 for m in minishards}
 
     def _fetch_shard_index(self, shard: int, where: str):
-        index_fetches["shard_index"] += 1
+        self.index_fetches.add("shard_index", 1)
         got = self._read_file_ranges(shard, [(0, self.index_end)])
         if got is None:
             return None
@@ -152,7 +155,7 @@ class ShardReader:
         out: dict[int, MinishardIndex] = {}
         todo = []
         for m in sorted(set(minishards)):
-            hit = minishard_cache.get(self._cache_key("mini", shard, m))
+            hit = self.minishard_cache.get(self._cache_key("mini", shard, m))
             if hit is None:
                 todo.append(m)
             else:
@@ -165,7 +168,7 @@ class ShardReader:
                 held.enter_context(single_flight(self._cache_key("mini", shard, m)))
             still = []
             for m in todo:
-                hit = minishard_cache.get(self._cache_key("mini", shard, m))
+                hit = self.minishard_cache.get(self._cache_key("mini", shard, m))
                 if hit is None:
                     still.append(m)
                 else:
@@ -179,7 +182,7 @@ class ShardReader:
 
     def _fetch_minishard_indices(self, shard: int,
                                  minishards: list[int]) -> dict[int, MinishardIndex] | None:
-        if shard_form_cache.get(self._cache_key("form", shard)) == _ABSENT:
+        if self.shard_form_cache.get(self._cache_key("form", shard)) == _ABSENT:
             return None
         wheres = {m: f"{self.shard_name(shard)} minishard {m}" for m in minishards}
         entries = self._shard_index_entries(shard, minishards, wheres)
@@ -194,14 +197,14 @@ class ShardReader:
             else:
                 fetch.append((m, self.index_end + start, self.index_end + end))
         if fetch:
-            index_fetches["minishard_index"] += len(fetch)
+            self.index_fetches.add("minishard_index", len(fetch))
             raws = self._read_file_ranges(shard, [(a, b) for _, a, b in fetch])
             if raws is None:
                 return None
             for (m, a, b), buf in zip(fetch, raws):
                 out[m] = self._parse_minishard(buf, a, b, wheres[m])
         for m, mi in out.items():
-            minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
+            self.minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
         return out
 
     def _check_minishard_range(self, entry: tuple[int, int], where: str) -> tuple[int, int]:
@@ -265,11 +268,11 @@ class ShardReader:
         blob = self.store.read(key, limit=limit)
         ck = self._cache_key("form", shard)
         if blob is None:
-            if shard_form_cache.get(ck) is None:
-                shard_form_cache.put(ck, _NO_SHARD_FILE, 64)
+            if self.shard_form_cache.get(ck) is None:
+                self.shard_form_cache.put(ck, _NO_SHARD_FILE, 64)
             return None
-        shard_form_cache.put(ck, "shard", 64)
-        index_fetches["whole_shard"] += 1
+        self.shard_form_cache.put(ck, "shard", 64)
+        self.index_fetches.add("whole_shard", 1)
         view = memoryview(blob)
         name = self.shard_name(shard)
         if len(view) < self.index_end:
@@ -333,13 +336,18 @@ _EMPTY_MINISHARD = MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64),
 
 def forget_cached_indices(url: str | None = None) -> None:
     """Drop the cached indices and shard forms of the volume at `url` (a store's URL; None: of
-    every volume): a writer in this process replaced its shard files."""
-    if url is None:
-        minishard_cache.clear()
-        shard_form_cache.clear()
-        return
-    for cache in (minishard_cache, shard_form_cache):
-        cache.discard_if(lambda key: key[0] == url)
+    every volume) in every context of this process: a writer in this process replaced its shard
+    files."""
+    for ctx in live_contexts():
+        ctx.forget_shard_indices(url)
+
+
+def __getattr__(name: str):
+    # The caches that were this module's, now the default context's (older callers).
+    if name in ("minishard_cache", "shard_form_cache"):
+        ctx = default_context()
+        return ctx.shard_index_cache if name == "minishard_cache" else ctx.shard_form_cache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def positions_by_value(values: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..codecs.annotation_records import AnnotationColumns, RecordLayout, concat_columns
-from ..errors import CorruptChunkError, MissingChunkError, StorageError
+from ..errors import ArgumentError, CorruptChunkError, MissingChunkError, StorageError
 from ..format.annotation_info import AnnotationInfo, IndexSpec, SpatialLevel, parse_annotation_info
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
@@ -45,18 +45,22 @@ ENUMERATE_CELLS = 1 << 14
 class AnnotationSource:
     """A precomputed annotation set: its `info` and its indexes, read as numpy columns."""
 
-    def __init__(self, url: str, info: AnnotationInfo, store: Store):
+    def __init__(self, url: str, info: AnnotationInfo, store: Store,
+                 storage_options: dict | None = None):
         self.url = url
         self.info = info
         self.store = store
+        self.storage_options = storage_options
         self.layout: RecordLayout = info.record_layout()
         self._kv: dict[str, KeyValue] = {}
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, info: Any = None,
-             ) -> "AnnotationSource":
+             context: Any = None) -> "AnnotationSource":
+        """`info` (a mapping, JSON text or AnnotationInfo) replaces the stored one; `context`
+        (a `Context`) holds the store and its index caches (the default one when None)."""
         url = strip_scheme_prefix(str(url))
-        store = open_store(url, storage_options)
+        store = open_store(url, storage_options, context=context)
         source = None
         if info is None:
             info = store.read("info")
@@ -64,7 +68,7 @@ class AnnotationSource:
                 raise StorageError("no annotation info file here", url=store.describe("info"))
             source = store.describe("info")
         parsed = info if isinstance(info, AnnotationInfo) else parse_annotation_info(info, source=source)
-        return cls(url, parsed, store)
+        return cls(url, parsed, store, storage_options)
 
     # ---- the key-value stores of the indexes ------------------------------------------------
 
@@ -134,7 +138,7 @@ class AnnotationSource:
         """The annotations with these ids, in the order asked (an id asked twice gives two rows).
         An absent id is left out (`missing="drop"`) or raises MissingChunkError ("raise")."""
         if missing not in ("drop", "raise"):
-            raise ValueError(f"missing must be 'drop' or 'raise', got {missing!r}")
+            raise ArgumentError(f"missing must be 'drop' or 'raise', got {missing!r}")
         ids = np.asarray(ids, np.uint64).reshape(-1)
         unique, inverse = np.unique(ids, return_inverse=True)
         kv = self.index(self.info.by_id)
@@ -167,19 +171,55 @@ class AnnotationSource:
                 parts.append(self.by_id(keys))
         return _sorted_unique(concat_columns(parts, self.layout))
 
+    # ---- partitions, for lazy reads ---------------------------------------------------------
+
+    def partitions(self, source: str) -> list[tuple]:
+        """Independent parts of the whole set, each read by `read_partition`: the shards of the
+        by_id index (`source="by_id"`; an unsharded index is one part), or every spatial level's
+        shards (`"spatial"`, points only: other types are stored in every cell they meet, so
+        their rows would repeat across parts)."""
+        if source == "by_id":
+            return [("by_id", p) for p in self.index(self.info.by_id).partitions()]
+        if source == "spatial":
+            if self.layout.annotation_type != "point":
+                raise ArgumentError(f"source='spatial' splits a set into parts only for points: "
+                                 f"{self.layout.annotation_type} annotations are stored in every "
+                                 f"cell they meet; use source='by_id'")
+            return [("spatial", lv.index, p) for lv in self.info.spatial
+                    for p in self.level_partitions(lv)]
+        raise ArgumentError(f"source must be 'by_id' or 'spatial', got {source!r}")
+
+    def read_partition(self, part: tuple) -> AnnotationColumns:
+        """The annotations of one part of `partitions` (by_id parts sorted by id, with their
+        relationship lists): keys from the shard's minishard indexes, then its values."""
+        if part[0] == "by_id":
+            keys = self.index(self.info.by_id).keys_in(part[1])
+            return self.by_id(keys) if len(keys) else self.layout.empty()
+        level = self.info.spatial[part[1]]
+        return self.read_keys(level, self.level_keys(level, part[2]))
+
     # ---- relationships ----------------------------------------------------------------------
 
     def related(self, relationship: str, segment_ids) -> AnnotationColumns:
         """The annotations related to any of `segment_ids`, each once, sorted by id (no
         relationship lists: the relationship index stores the multiple-annotation encoding)."""
-        try:
-            spec = self.info.relationship(relationship)
-        except KeyError as e:
-            raise KeyError(str(e.args[0])) from None
+        spec = self.info.relationship(relationship)
         segs = np.unique(np.asarray(segment_ids, np.uint64).reshape(-1))
         kv = self.index(spec)
         parts = self._decode_lists(kv, segs, kv.get_many(segs))
         return _sorted_unique(concat_columns(parts, self.layout))
+
+    def related_pairs(self, relationship: str, partition: object) -> tuple[np.ndarray, np.ndarray]:
+        """(segment ids, annotation ids), one pair per listing, of one partition (shard) of a
+        relationship index: its segments from the minishard indexes, then their values."""
+        kv = self.index(self.info.relationship(relationship))
+        segs = kv.keys_in(partition)
+        values = kv.get_many(segs)
+        present = np.array([v is not None for v in values], bool)
+        lists = self._decode_lists(kv, segs, values)
+        counts = np.array([len(c) for c in lists], np.int64)
+        ids = np.concatenate([c.ids for c in lists]) if lists else np.zeros(0, np.uint64)
+        return np.repeat(segs[present], counts), ids
 
     def related_lists(self, relationship: str, segment_ids) -> list[AnnotationColumns]:
         """Per segment id, the annotations its relationship index value lists (in stored order)."""
@@ -284,7 +324,7 @@ class AnnotationSource:
         lo = np.asarray(lower, np.float64).reshape(-1)
         hi = np.asarray(upper, np.float64).reshape(-1)
         if len(lo) != self.info.rank or len(hi) != self.info.rank:
-            raise ValueError(f"lower and upper need {self.info.rank} coordinates "
+            raise ArgumentError(f"lower and upper need {self.info.rank} coordinates "
                              f"({', '.join(self.info.dimension_names)}), got {len(lo)} and {len(hi)}")
         return lo, hi
 

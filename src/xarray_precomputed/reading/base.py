@@ -22,10 +22,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..context import Context, default_context, resolve
 from ..errors import MissingChunkError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
-from ..util import IO_THREADS, cpu_pool, cpu_pool_size, io_pool, settle, wait_all
+from ..util import IO_THREADS, settle, wait_all
 from .missing import record_filled
 from .result_memory import ResultMemory
 from .selection import (
@@ -66,7 +67,12 @@ class _RunningReads:
     def __init__(self, cores: int | None = None) -> None:
         self.count = 0
         self.lock = threading.Lock()
-        self.cores = cores or max(2, os.cpu_count() or 1)
+        self._cores = cores
+
+    @property
+    def cores(self) -> int:
+        # the CPUs the default context was sized from (affinity, cgroup quota, a worker's threads)
+        return self._cores or max(2, default_context().cpus)
 
     def running(self) -> _RunningRead:
         """Counts a read in while it runs (a context manager); entering it says whether the
@@ -150,10 +156,10 @@ def _parse_cached(text: str) -> VolumeInfo:
 
 
 def _restore(cls, url, options_json, info_text, scale_index, fill_missing, state,
-             missing_count=None):
+             missing_count=None, context=None):
     info = _parse_cached(info_text)
     reader = cls(url, info, info.scales[scale_index], storage_options=json.loads(options_json),
-                 fill_missing=fill_missing, **state)
+                 fill_missing=fill_missing, context=context, **state)
     reader.missing_count = missing_count
     return reader
 
@@ -173,8 +179,12 @@ class ChunkedScaleReader(ABC):
     spread_batches = False
 
     def __init__(self, url: str, info: VolumeInfo, scale: ScaleInfo, *,
-                 storage_options: dict | None, fill_missing: bool, chunk_size_index: int):
+                 storage_options: dict | None, fill_missing: bool, chunk_size_index: int,
+                 context: Context | None = None):
         self.url = url
+        # The context given, if any; without one, reads use the default context of wherever
+        # they run (this process, or the dask worker that unpickled the reader).
+        self.context_given = None if context is None else resolve(context)
         self.info = info
         self.scale_info = scale
         self.storage_options = dict(storage_options or {})
@@ -231,20 +241,35 @@ class ChunkedScaleReader(ABC):
         (small immutable values: they travel with every pickled task)."""
         return {}
 
-    # -- pickling: small, and caches are found again in the receiving process
+    # -- pickling: small, and caches are found again in the receiving process (a context given
+    # travels as its token and the sizes the user chose: context.py)
     def __reduce__(self):
         return (_restore, (type(self), self.url, store_options_key(self.storage_options),
                            json.dumps(self.info.to_json(), sort_keys=True),
                            self.scale_info.index, self.fill_missing, self._state(),
-                           self.missing_count))
+                           self.missing_count, self.context_given))
+
+    @property
+    def context(self) -> Context:
+        """The threads, caches and counters this reader's reads use: the context it was given,
+        else the default context of the process (or dask worker) where it first reads. Fixed
+        then, since pool threads are in no worker's task."""
+        ctx = self.context_given
+        if ctx is None:
+            pid, ctx = self.__dict__.get("_default_context", (None, None))
+            if pid != os.getpid():
+                ctx = default_context()
+                self.__dict__["_default_context"] = (os.getpid(), ctx)
+        return ctx
 
     @property
     def store(self) -> Store:
-        # Kept per process (a forked child must not use its parent's connections); looking it up
-        # in open_store's registry each time cost ~30 us per chunk task.
+        # Kept per process (a forked child must not use its parent's connections; the context is
+        # fixed per process too); looking it up in open_store's registry each time cost ~30 us
+        # per chunk task.
         pid, store = self.__dict__.get("_store", (None, None))
         if pid != os.getpid():
-            store = open_store(self.url, self.storage_options)
+            store = open_store(self.url, self.storage_options, context=self.context)
             self.__dict__["_store"] = (os.getpid(), store)
         return store
 
@@ -298,7 +323,7 @@ class ChunkedScaleReader(ABC):
         chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
         per = min(REMOTE_BATCH, REMOTE_BATCH_BYTES // max(1, chunk_bytes))
         if spread:
-            per = min(per, -(-n // cpu_pool_size()))
+            per = min(per, -(-n // self.context.decode_threads))
         return max(1, per)
 
     def _read(self, sel: list, order: str = "C") -> np.ndarray:
@@ -379,12 +404,14 @@ class ChunkedScaleReader(ABC):
                     self._place(blob, cells[i], jobs[i], out, name)
 
         groups = self._plan(cells, out)
-        pool = cpu_pool()
+        ctx = self.context
+        pool = ctx.cpu_pool()
         if self.store.batches_reads and len(cells) > 1 and (len(groups) > 1 or self.spread_batches):
             # A remote store: latency bounds the read, so many batches are fetched at once
             # (large groups split) and each is decoded as it arrives.
             batches, in_flight, part = self._remote_batches(groups, len(cells))
-            pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part)
+            pipeline(batches, lambda b: fetch(*b), finish, in_flight=in_flight, part=part,
+                     context=ctx)
             return
         if inline:
             for group, members in groups:
@@ -404,7 +431,7 @@ class ChunkedScaleReader(ABC):
         # With enough groups to keep every worker busy (or groups of one chunk), each task fetches
         # and decodes its group; otherwise (a read inside one or two shards) the chunks of a
         # group decode in parallel.
-        if len(groups) >= cpu_pool_size() or all(len(m) == 1 for _, m in groups):
+        if len(groups) >= ctx.decode_threads or all(len(m) == 1 for _, m in groups):
             # As many groups at once as there are cores, each pool task taking the next group
             # until none is left: the pool has twice as many threads (for the reads that wait on
             # a disk or a network), and four threads at once on two cores, reading chunk files
@@ -435,12 +462,14 @@ class ChunkedScaleReader(ABC):
 
 
 def pipeline(jobs: list, fetch, decode, *, in_flight: int = REMOTE_IN_FLIGHT,
-              part: int | None = None) -> None:
+             part: int | None = None, context: Context | None = None) -> None:
     """`decode(fetch(job))` for every job: fetches on the I/O pool, at most `in_flight` jobs
     fetching or fetched-and-waiting at once, each decoded on the CPU pool as soon as it arrives
     (with `part`, a fetched list in pieces of at most `part` items, each a task of its own).
-    The first failure is raised once nothing is left running."""
-    io, cpu = io_pool(), cpu_pool()
+    The first failure is raised once nothing is left running. The pools are `context`'s (the
+    default context's when None)."""
+    ctx = resolve(context)
+    io, cpu = ctx.io_pool(), ctx.cpu_pool()
     todo = iter(jobs)
     fetching: dict[Future, int] = {}
     decoding: dict[Future, int] = {}
@@ -496,16 +525,16 @@ def bounded_map(pool, fn, items, *, window: int) -> None:
         settle(list(pending))
 
 
-def map_reads(fn, items, *, window: int) -> None:
+def map_reads(fn, items, *, window: int, context: Context | None = None) -> None:
     """`fn(item)` for every item, as one read: in the calling thread while every core already has
     a read running (dask's threads, a conversion's shard tasks: see _RunningReads), otherwise on
-    the decode pool through `bounded_map`."""
+    the decode pool of `context` (the default context's when None) through `bounded_map`."""
     with running_reads.running() as crowded:
         if crowded:
             for item in items:
                 fn(item)
         else:
-            bounded_map(cpu_pool(), fn, items, window=window)
+            bounded_map(resolve(context).cpu_pool(), fn, items, window=window)
 
 
 def dest_index(job) -> tuple:

@@ -26,9 +26,7 @@ from ..codecs import get_codec
 from ..errors import CorruptChunkError, MissingChunkError, ShardFormatError
 from ..format.morton import compressed_morton
 from ..format.sharding import chunk_location
-from ..storage.base import request_counts
 from ..storage.local import LOCAL_COALESCE_GAP, LocalStore
-from ..util import cpu_pool
 from .missing import record_filled
 
 if TYPE_CHECKING:
@@ -145,7 +143,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
         return
     # as many batches at once as there are cores (the pool has twice as many threads, for reads
     # that wait on a disk or a network)
-    bounded_map(cpu_pool(), run, jobs, window=running_reads.cores)
+    bounded_map(reader.context.cpu_pool(), run, jobs, window=running_reads.cores)
 
 
 _INLINE_BYTES = 4 << 20  # as base.INLINE_DECODE_BYTES: a smaller result is decoded by the caller
@@ -195,14 +193,14 @@ def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: n
         raise CorruptChunkError(msg, chunk=reader._describe_unsharded(cells[i])) from None
     except OSError as e:
         raise store.failure(e) from e
-    request_counts["read"] += len(cells)
     left = np.flatnonzero(status)
+    # absent ones are counted by the one-by-one reads below
+    store.count("read", len(cells) - len(left))
     if len(left) < len(cells):
         store.found_plain(s.path)  # an absent chunk is then not looked for under other names
     if not len(left):
         return left
     # absent here (perhaps stored compressed beside: the store looks), or larger than any chunk
-    request_counts["read"] -= len(left)
     return left[reader._read_cells_one_by_one(cells[left], geom[left], out, zeroed, stream)]
 
 
@@ -416,7 +414,7 @@ def _read_remote(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: 
         for sources, src, g, name, rows in pieces:
             _decode_rows(reader, out, sources, src, g, zeroed, stream, name, rows)
 
-    pipeline(jobs, fetch, decode, in_flight=in_flight, part=1)
+    pipeline(jobs, fetch, decode, in_flight=in_flight, part=1, context=reader.context)
 
 
 def _chunk_files(reader: ScaleReader, cells: np.ndarray):
@@ -523,7 +521,7 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
 
         # as many batches at once as there are cores; in the caller's thread where every core
         # has a caller already (a conversion's shard tasks in dask's threads)
-        map_reads(run, jobs, window=running_reads.cores)
+        map_reads(run, jobs, window=running_reads.cores, context=reader.context)
         return
 
     def fetch(job):
@@ -540,4 +538,4 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
             hand_over(members, buf, np.flatnonzero(src[:, 0] < 0))
 
     from .base import REMOTE_IN_FLIGHT
-    pipeline(jobs, fetch, decode, in_flight=REMOTE_IN_FLIGHT)
+    pipeline(jobs, fetch, decode, in_flight=REMOTE_IN_FLIGHT, context=reader.context)

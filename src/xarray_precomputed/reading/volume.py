@@ -17,13 +17,13 @@ import numpy as np
 
 from ..codecs import get_codec, get_decoder
 from ..codecs.raw import plain_voxels, stored_view
+from ..context import Context, resolve
 from ..errors import MissingChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import chunk_key, compressed_morton
 from ..format.sharding import chunk_location, shard_box
 from ..kvstore.shard_files import ShardReader, positions_by_value
 from ..storage import open_store, strip_scheme_prefix
-from ..util import cpu_pool_size
 from . import batched
 from .base import (
     REMOTE_BATCH_BYTES,
@@ -49,8 +49,11 @@ class Volume:
     """A precomputed volume: its parsed `info` and access to each scale."""
 
     def __init__(self, url: str, info: VolumeInfo, *, storage_options: dict | None = None,
-                 fill_missing: bool = True, missing_count: MissingCount | None = None):
+                 fill_missing: bool = True, missing_count: MissingCount | None = None,
+                 context: Context | None = None):
         self.url = strip_scheme_prefix(url)
+        # None: each scale's reads use the default context where they run (context.py)
+        self.context = None if context is None else resolve(context)
         self.info = info
         self.storage_options = dict(storage_options or {})
         self.fill_missing = fill_missing
@@ -58,29 +61,35 @@ class Volume:
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, fill_missing: bool = True,
-             info: Any = None, missing_count: MissingCount | None = None) -> "Volume":
+             info: Any = None, missing_count: MissingCount | None = None,
+             context: Context | None = None) -> "Volume":
         """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file;
-        `missing_count` counts the missing chunks its reads fill with 0."""
+        `missing_count` counts the missing chunks its reads fill with 0; `context` (a
+        `Context`) holds the threads, caches and counters its reads use (None: the default)."""
         url = strip_scheme_prefix(str(url))
+        context = None if context is None else resolve(context)
         source = None
         if info is None:
-            store = open_store(url, storage_options)
+            store = open_store(url, storage_options, context=context)
             text = store.read("info")
             if text is None:
-                raise _no_info(url, store, storage_options)
+                raise _no_info(url, store, storage_options, context)
             info, source = text, store.describe("info")
         parsed = info if isinstance(info, VolumeInfo) else parse_info(info, source=source)
         return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing,
-                   missing_count=missing_count)
+                   missing_count=missing_count, context=context)
 
     @property
     def scales(self) -> tuple[ScaleInfo, ...]:
         return self.info.scales
 
-    def scale(self, which: int | str | Sequence[float] = 0, *, chunk_size_index: int = 0) -> "ScaleReader":
+    def scale(self, which: int | str | Sequence[float] = 0, *, chunk_size_index: int = 0,
+              context: Context | None = None) -> "ScaleReader":
+        """A reader of one scale; `context` replaces the volume's for its reads."""
         s = self.info.find_scale(which)
         reader = ScaleReader(self.url, self.info, s, storage_options=self.storage_options,
-                             fill_missing=self.fill_missing, chunk_size_index=chunk_size_index)
+                             fill_missing=self.fill_missing, chunk_size_index=chunk_size_index,
+                             context=self.context if context is None else context)
         if self.missing_count is not None:
             reader.missing_count = self.missing_count.token
         return reader
@@ -95,12 +104,13 @@ class ScaleReader(ChunkedScaleReader):
 
     def __init__(self, url: str, info: VolumeInfo, scale: ScaleInfo, *,
                  storage_options: dict | None = None, fill_missing: bool = True,
-                 chunk_size_index: int = 0):
+                 chunk_size_index: int = 0, context: Context | None = None):
         if not 0 <= chunk_size_index < len(scale.chunk_sizes):
             raise PrecomputedError(f"chunk_size_index {chunk_size_index} out of range: scale "
                                    f"{scale.key!r} has {len(scale.chunk_sizes)} chunk sizes")
         super().__init__(url, info, scale, storage_options=storage_options,
-                         fill_missing=fill_missing, chunk_size_index=chunk_size_index)
+                         fill_missing=fill_missing, chunk_size_index=chunk_size_index,
+                         context=context)
         self._decoder = get_decoder(scale.encoding)
         self.streams_blocks = get_codec(scale.encoding).streams_blocks
         self.stores_plain_voxels = get_codec(scale.encoding).plain and plain_voxels(info.dtype)
@@ -293,7 +303,7 @@ class ScaleReader(ChunkedScaleReader):
         per = self._remote_batch(len(cells), spread=False)
         if not self.store.batches_reads:
             # enough batches for every decode thread, twice over
-            per = max(1, min(per, -(-len(cells) // (2 * cpu_pool_size()))))
+            per = max(1, min(per, -(-len(cells) // (2 * self.context.decode_threads))))
         sharding = self.scale_info.sharding
         batches: list[tuple[Any, np.ndarray]] = []
         if sharding is None:
@@ -359,7 +369,7 @@ class ScaleReader(ChunkedScaleReader):
             # reads do: four pool threads beside two busy callers on 2 cores made em-x4's
             # conversion 15% slower, its CPU 19% higher (GIL hand-offs between them). Otherwise
             # as many at once as there are cores, as for Scale.read's many chunks.
-            map_reads(one, range(len(cells)), window=running_reads.cores)
+            map_reads(one, range(len(cells)), window=running_reads.cores, context=self.context)
             return
         if not self.store.batches_reads:
             # Local shards: each task reads a batch and decodes it in the same thread (a hop
@@ -369,13 +379,14 @@ class ScaleReader(ChunkedScaleReader):
             def read_and_decode(batch) -> None:
                 decode(fetch(batch))
 
-            map_reads(read_and_decode, batches, window=running_reads.cores)
+            map_reads(read_and_decode, batches, window=running_reads.cores,
+                      context=self.context)
             return
         in_flight = REMOTE_IN_FLIGHT
         # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
         # seconds of a conversion, seg and em), and a batch still spreads over every worker.
-        part = max(1, per // (2 * cpu_pool_size()))
-        pipeline(batches, fetch, decode, in_flight=in_flight, part=part)
+        part = max(1, per // (2 * self.context.decode_threads))
+        pipeline(batches, fetch, decode, in_flight=in_flight, part=part, context=self.context)
 
     def _read_batched(self, sel, out, zeroed, *, inline) -> bool:
         if not batched.usable(self, sel, out):
@@ -412,14 +423,14 @@ class ScaleReader(ChunkedScaleReader):
                       num_channels=self.info.num_channels, chunk=chunk)
 
 
-def _no_info(url: str, store, storage_options) -> StorageError:
+def _no_info(url: str, store, storage_options, context=None) -> StorageError:
     """The error for a URL without an `info`, saying which directory to pass when the URL is a
     volume's info file or one of its scale directories (common slips when copying paths)."""
     where = store.describe("info")
     parent, _, name = url.rstrip("/").rpartition("/")
     if parent or url.startswith("/"):
         try:
-            text = open_store(parent or "/", storage_options).read("info")
+            text = open_store(parent or "/", storage_options, context=context).read("info")
             info = parse_info(text) if text is not None else None
         except (PrecomputedError, OSError, ValueError):
             info = None

@@ -8,11 +8,10 @@ FsspecStore for every other URL. Every store implements the whole `Store` interf
 from __future__ import annotations
 
 import json
-import os
-import threading
 from typing import Any
 from urllib.parse import urlparse
 
+from ..context import Context, resolve
 from . import local, retry
 from .base import Store, coalesce, request_counts, split_merged
 from .fsspec_store import REMOTE_COALESCE_GAP, FsspecStore
@@ -30,8 +29,6 @@ __all__ = [
 
 # Tunables (retry.RETRY_BACKOFF, local.SCRATCH_MAX_BYTES) are read from their own modules: set
 # them there. RETRIES is re-exported for reading only.
-_stores: dict[tuple[str, str], tuple[int, Store]] = {}
-_stores_lock = threading.Lock()
 
 
 def store_options_key(storage_options: dict | None) -> Any:
@@ -48,25 +45,27 @@ def _is_http(url: str, storage_options: dict | None) -> bool:
     return set(storage_options or {}) <= OPTIONS
 
 
-def open_store(url: str, storage_options: dict | None = None) -> Store:
-    """A store for a dataset URL, shared within this process (per URL and options)."""
+def open_store(url: str, storage_options: dict | None = None, *,
+               context: Context | None = None) -> Store:
+    """A store for a dataset URL, shared within `context` (the default one when None) and this
+    process, per URL and options; its requests are counted in that context."""
+    ctx = resolve(context)
     url = strip_scheme_prefix(url)
     if is_local(url):
         url = local_path(url)  # one store per folder, however it is spelled
-    key = (url, store_options_key(storage_options))
-    with _stores_lock:
-        entry = _stores.get(key)
-        # A forked child must not use its parent's connections.
-        if entry is None or entry[0] != os.getpid():
-            store: Store
-            if is_local(url):
-                store = LocalStore(local_path(url))
-            elif _is_http(url, storage_options):
-                from .http_store import HttpStore
 
-                store = HttpStore(url, storage_options)
-            else:
-                check_scheme(url)
-                store = FsspecStore(url, storage_options)
-            entry = _stores[key] = (os.getpid(), store)
-        return entry[1]
+    def make() -> Store:
+        store: Store
+        if is_local(url):
+            store = LocalStore(local_path(url))
+        elif _is_http(url, storage_options):
+            from .http_store import HttpStore
+
+            store = HttpStore(url, storage_options)
+        else:
+            check_scheme(url)
+            store = FsspecStore(url, storage_options)
+        store.context = ctx
+        return store
+
+    return ctx.shared(("store", url, store_options_key(storage_options)), make)

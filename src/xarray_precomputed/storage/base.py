@@ -7,11 +7,13 @@ a refusal), so that a refused or broken read can never pass as missing data.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
 from typing import Any, Callable, Sequence
 
-# Requests sent to storage in this process, by kind: benchmarks and tests read these.
-request_counts: Counter = Counter()
+from ..context import Context, DefaultCounters, default_context
+
+# Requests sent to storage by the stores of the default context, by kind (a view: each context
+# counts its own stores' requests in `Context.requests`).
+request_counts = DefaultCounters("requests")
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -48,6 +50,22 @@ class Store(ABC):
     url: str
     # Whether read_many gains from larger batches (concurrent requests) over one key at a time.
     batches_reads = False
+    _context: Context | None = None
+
+    @property
+    def context(self) -> Context:
+        """The context whose registry opened this store (the default one for a store made
+        directly): its counters count this store's requests, its caches hold what it decoded."""
+        ctx = self._context
+        return default_context() if ctx is None else ctx
+
+    @context.setter
+    def context(self, ctx: Context) -> None:
+        self._context = ctx
+
+    def count(self, kind: str, n: int = 1) -> None:
+        """Count `n` requests of `kind` ("read", "range", "write", "retry") in the context."""
+        self.context.requests.add(kind, n)
 
     # -- reading
     @abstractmethod

@@ -13,12 +13,9 @@ compression): its other files are fetched whole at once, without the ranged requ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from ..util import LRUCache, single_flight
-
-# Decoded whole objects, per process, keyed by (store URL, key).
-decoded_cache = LRUCache(256 << 20)
+from ..util import single_flight
 
 
 @dataclass
@@ -35,14 +32,16 @@ def cut(whole: bytes, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
 
 class EncodedObjects:
     """One store's view of its Content-Encoded objects: which folders hold them, and their
-    decoded bytes in the shared cache."""
+    decoded bytes in its context's cache (`Context.decoded_object_cache`, keyed by (store URL,
+    key))."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, store: Any):
         self.url = url
+        self.store = store  # whose context holds the cache
         self._folders: set[str] = set()
 
     def cached(self, key: str) -> bytes | None:
-        return decoded_cache.get((self.url, key))
+        return self.store.context.decoded_object_cache.get((self.url, key))
 
     def expected(self, key: str) -> bool:
         """Whether `key` is in a folder known to hold Content-Encoded objects."""
@@ -52,6 +51,7 @@ class EncodedObjects:
         """`key`'s decoded bytes: cached, or `fetch()` (a whole read, which decodes any
         Content-Encoding within the store's bound), once at a time per object."""
         ck = (self.url, key)
+        decoded_cache = self.store.context.decoded_object_cache
         hit = decoded_cache.get(ck)
         if hit is not None:
             return hit
@@ -70,7 +70,7 @@ class EncodedObjects:
         """Cache `key`'s decoded bytes, received whole in answer to a range."""
         self.learn(key)
         data = bytes(data)
-        decoded_cache.put((self.url, key), data, len(data) + 64)
+        self.store.context.decoded_object_cache.put((self.url, key), data, len(data) + 64)
 
     def learn(self, key: str) -> None:
         if len(self._folders) >= 4096:

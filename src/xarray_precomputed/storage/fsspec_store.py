@@ -10,7 +10,7 @@ from typing import Sequence
 from urllib.parse import urlparse
 
 from ..errors import DependencyError, PermissionDeniedError, StorageError
-from .base import Store, coalesce, request_counts, split_merged
+from .base import Store, coalesce, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response, too_large
 from .cloud_clients import GcsMedia, s3_get
 from .encoded_objects import EncodedAnswer, EncodedObjects
@@ -72,7 +72,7 @@ class FsspecStore(Store):
         self._range_getter = {"http": self._http_range, "https": self._http_range,
                               "s3": self._s3_range, "s3a": self._s3_range,
                               "gs": self._gcs_range, "gcs": self._gcs_range}.get(protocol)
-        self._encoded = EncodedObjects(self.url)
+        self._encoded = EncodedObjects(self.url, self)
         self._gcs = GcsMedia(self.fs)  # its session is made on first use
         # Sizes of objects a server sent whole in answer to a range request (it ignores Range).
         # A later answer of exactly that size to a range that starts past byte 0 is the whole
@@ -99,11 +99,12 @@ class FsspecStore(Store):
     def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         # One call into fsspec's event loop, whose requests run concurrently: a chunk at a time
         # per worker thread kept only a few requests in flight (cost of latency, not bandwidth).
-        request_counts["read"] += len(keys)
+        self.count("read", len(keys))
         paths = [self._path(k) for k in keys]
         try:
             got = retry_each(len(keys),
-                             lambda todo: self._cat_files([paths[i] for i in todo], limit))
+                             lambda todo: self._cat_files([paths[i] for i in todo], limit),
+                             counters=self.context.requests)
         except Exception as e:  # the batch as a whole failed (the event loop, a time-out)
             raise self._fail(keys[0], e) from e
         out: list[bytes | None] = []
@@ -267,7 +268,7 @@ class FsspecStore(Store):
 
     def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
-        request_counts["range"] += len(merged)
+        self.count("range", len(merged))
         path = self._path(key)
 
         def fetch(todo):
@@ -275,7 +276,7 @@ class FsspecStore(Store):
                                     [merged[i][1] for i in todo])
 
         try:
-            blobs = retry_each(len(merged), fetch)
+            blobs = retry_each(len(merged), fetch, counters=self.context.requests)
         except FileNotFoundError:
             return None
         except Exception as e:
@@ -305,14 +306,14 @@ class FsspecStore(Store):
     def write(self, key: str, data) -> None:
         path = self._path(key)
         try:
-            with_retries(self.fs.pipe_file, path, bytes(data))
+            with_retries(self.fs.pipe_file, path, bytes(data), counters=self.context.requests)
         except Exception as e:
             raise self._fail(key, e) from e
-        request_counts["write"] += 1
+        self.count("write")
 
     def size(self, key: str) -> int | None:
         try:
-            info = with_retries(self.fs.info, self._path(key))
+            info = with_retries(self.fs.info, self._path(key), counters=self.context.requests)
         except FileNotFoundError:
             return None
         except Exception as e:
@@ -325,7 +326,8 @@ class FsspecStore(Store):
         path = self._path(prefix)
         try:
             self.fs.invalidate_cache(path)
-            entries = with_retries(lambda: self.fs.ls(path, detail=True))
+            entries = with_retries(lambda: self.fs.ls(path, detail=True),
+                                   counters=self.context.requests)
         except FileNotFoundError:
             return {}
         except Exception as e:
@@ -340,13 +342,13 @@ class FsspecStore(Store):
 
     def has_dir(self, prefix: str) -> bool:
         try:
-            return bool(with_retries(self.fs.isdir, self._path(prefix)))
+            return bool(with_retries(self.fs.isdir, self._path(prefix), counters=self.context.requests))
         except Exception as e:
             raise self._fail(prefix, e) from e
 
     def delete(self, key: str) -> None:
         try:
-            with_retries(self.fs.rm_file, self._path(key))
+            with_retries(self.fs.rm_file, self._path(key), counters=self.context.requests)
         except FileNotFoundError:
             pass
         except Exception as e:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
-from .base import Store, coalesce, request_counts, split_merged
+from .base import Store, coalesce, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response
 from .encoded_objects import EncodedAnswer, EncodedObjects
 from .encodings import accepted_encodings, decode_content, is_encoded
@@ -99,7 +99,7 @@ class HttpStore(Store):
         self._session: Any = None
         self._session_pid = None
         self._fsspec: FsspecStore | None = None
-        self._encoded = EncodedObjects(self.url)
+        self._encoded = EncodedObjects(self.url, self)
 
     # -- plumbing
     def _href(self, key: str) -> str:
@@ -136,7 +136,7 @@ class HttpStore(Store):
             except Exception as e:
                 if attempt == retry.RETRIES or not retry.is_transient(e):
                     raise
-                request_counts["retry"] += 1
+                self.count("retry")
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
@@ -189,11 +189,12 @@ class HttpStore(Store):
     def _run_batch(self, calls) -> list:
         """`_get` of each call, in one call into the loop (each retried there); a failure of
         the batch as a whole is retried too when transient."""
-        return retry.with_retries(lambda: self._run(self._gather(calls)))
+        return retry.with_retries(lambda: self._run(self._gather(calls)),
+                                 counters=self.context.requests)
 
     # -- reading
     def read(self, key: str, *, limit: int | None = None) -> bytes | None:
-        request_counts["read"] += 1
+        self.count("read")
         try:
             return self._run(self._retrying(self._get, key, None, None, limit))
         except Exception as e:  # every failure is reported, never filled
@@ -201,7 +202,7 @@ class HttpStore(Store):
 
     def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         # One call into the loop; each request is retried on its own there.
-        request_counts["read"] += len(keys)
+        self.count("read", len(keys))
         try:
             got = self._run_batch([(k, None, None, limit) for k in keys])
         except Exception as e:
@@ -218,7 +219,7 @@ class HttpStore(Store):
 
     def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
-        request_counts["range"] += len(merged)
+        self.count("range", len(merged))
         try:
             got = self._run_batch([(key, s, e) for s, e in merged])
         except Exception as e:

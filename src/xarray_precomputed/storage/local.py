@@ -14,9 +14,8 @@ import numpy as np
 
 from .._native import load
 from ..errors import PermissionDeniedError, StorageError
-from ..util import LRUCache
 from . import fileread_fallback
-from .base import Store, coalesce, request_counts, split_merged
+from .base import Store, coalesce, split_merged
 from .encodings import SUFFIXES, decode
 
 # One call that releases the GIL once per file, or its exact Python fallback.
@@ -49,9 +48,6 @@ def _aligned_buffer(size: int) -> memoryview:
     skip = -raw.ctypes.data % 4096
     return memoryview(raw[skip:skip + size].data)
 
-
-# Whole compressed files (shards, indices) decoded for byte-range reads, per process.
-decoded_cache = LRUCache(256 << 20)
 
 
 class LocalStore(Store):
@@ -159,7 +155,7 @@ class LocalStore(Store):
     def _opened(self, key: str) -> Iterator[tuple[int, int, str] | None]:
         """The open file of `key` (descriptor, size, CloudFiles suffix), closed afterwards, or
         None when absent; OS errors while it is used become StorageError naming the file."""
-        request_counts["read"] += 1
+        self.count("read")
         found = self._locate(key)
         if found is None:
             yield None
@@ -189,7 +185,7 @@ class LocalStore(Store):
                 view = _scratch_view(n)
                 n = self._read_file(key, view)
             if n <= len(view):  # absent (-1), or read whole
-                request_counts["read"] += 1
+                self.count("read")
                 if n < 0:
                     return None
                 with view[:n] as data:
@@ -220,7 +216,7 @@ class LocalStore(Store):
     def read_into(self, key: str, buffer, *, limit: int | None = None) -> int | None:
         if self._forms.get(key.rpartition("/")[0]) != "":
             return super().read_into(key, buffer, limit=limit)
-        request_counts["read"] += 1
+        self.count("read")
         n = self._read_file(key, buffer)
         return None if n < 0 else n
 
@@ -233,11 +229,11 @@ class LocalStore(Store):
             if suffix:
                 # A compressed file has no byte ranges of its own: it is decoded whole (once
                 # while it is cached) and the ranges are cut from that.
-                request_counts["range"] += 1
+                self.count("range")
                 whole = self._whole_decoded(key, fd, size, suffix)
                 return [whole[max(0, s):max(0, e)] for s, e in ranges]
             merged, owner = coalesce(ranges, LOCAL_COALESCE_GAP)
-            request_counts["range"] += len(merged)
+            self.count("range", len(merged))
             # a range past the end must not allocate its length
             blobs = [self._pread(fd, s, min(e, size)) for s, e in merged]
         except OSError as e:
@@ -249,6 +245,8 @@ class LocalStore(Store):
     def _whole_decoded(self, key: str, fd: int, size: int, suffix: str) -> bytes:
         st = os.fstat(fd)
         ck = (self._path(key + suffix), st.st_size, st.st_mtime_ns)
+        # whole compressed files (shards, indices) decoded for byte-range reads
+        decoded_cache = self.context.decoded_object_cache
         hit = decoded_cache.get(ck)
         if hit is None:
             hit = self._decoded(key, fd, size, suffix, None)
@@ -291,7 +289,7 @@ class LocalStore(Store):
             except OSError:
                 pass
             raise self._fail(key, e) from e
-        request_counts["write"] += 1
+        self.count("write")
 
     def size(self, key: str) -> int | None:
         try:

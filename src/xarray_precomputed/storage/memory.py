@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from .base import Store, request_counts
+from .base import Store
 
 
 class MemoryStore(Store):
@@ -17,14 +17,14 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
 
     def read(self, key: str, *, limit: int | None = None) -> bytes | None:
-        request_counts["read"] += 1
+        self.count("read")
         return self._data.get(key)
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         value = self._data.get(key)
         if value is None:
             return None
-        request_counts["range"] += len(ranges)
+        self.count("range", len(ranges))
         return [value[max(0, s):max(0, e)] for s, e in ranges]
 
     def size(self, key: str) -> int | None:
@@ -47,7 +47,7 @@ class MemoryStore(Store):
         value = bytes(data)
         with self._lock:
             self._data[key] = value
-        request_counts["write"] += 1
+        self.count("write")
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .base import request_counts
+from ..context import Counters, default_context
 
 # Transient failures are retried this many times with exponential backoff starting at
 # RETRY_BACKOFF seconds; then the last error is raised.
@@ -32,8 +32,9 @@ def is_transient(e: BaseException) -> bool:
     return any(k in name for k in ("Connection", "Connector", "Disconnected", "Timeout", "Payload"))
 
 
-def with_retries(fn, *args):
-    """`fn(*args)`, asked again after each transient failure (FileNotFoundError is an answer)."""
+def with_retries(fn, *args, counters: Counters | None = None):
+    """`fn(*args)`, asked again after each transient failure (FileNotFoundError is an answer);
+    retries are counted in `counters` (the store's context's requests; else the default's)."""
     delay = RETRY_BACKOFF
     for attempt in range(RETRIES + 1):
         try:
@@ -43,13 +44,13 @@ def with_retries(fn, *args):
         except Exception as e:
             if attempt == RETRIES or not is_transient(e):
                 raise
-            request_counts["retry"] += 1
+            (counters or default_context().requests).add("retry")
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
 
 
-def retry_each(count: int, fetch) -> list:
+def retry_each(count: int, fetch, *, counters: Counters | None = None) -> list:
     """`fetch(indices)` answers a value or an exception for each of `indices`; the items whose
     answer is a transient failure are asked again (RETRIES times, with backoff). A failure of the
     whole call is retried the same way, else raised. Returns each item's last answer."""
@@ -70,7 +71,7 @@ def retry_each(count: int, fetch) -> list:
         todo = [i for i in todo if isinstance(got[i], BaseException) and is_transient(got[i])]
         if not todo or attempt == RETRIES:
             break
-        request_counts["retry"] += len(todo)
+        (counters or default_context().requests).add("retry", len(todo))
         time.sleep(delay)
         delay *= 2
     return got
