@@ -396,8 +396,8 @@ def from_dataframe(df, *, annotation_type: str | None, dimensions, properties,
     if dimensions is None:
         rank = 3
         if atype == "polyline" and "points" in columns and len(df):
-            rank = int(np.asarray(df["points"].iloc[0]).reshape(-1, np.asarray(
-                df["points"].iloc[0]).shape[-1] if np.ndim(df["points"].iloc[0]) == 2 else 3).shape[1])
+            first = np.asarray(df["points"].iloc[0])
+            rank = int(first.shape[1]) if first.ndim == 2 else 3
         dims = _dims(None, rank)
     else:
         dims = _dims(dimensions, None)
