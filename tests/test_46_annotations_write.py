@@ -687,3 +687,28 @@ def test_an_empty_set(tmp_path):
     assert len(info.spatial) == 1
     got = xp.Annotations.open(tmp_path / "a").to_dataset()
     assert got.sizes["annotation"] == 0
+
+
+def test_polylines_by_id_as_ngsidekick(tmp_path):
+    """Polylines: ngsidekick's by_id (right; its polyline spatial index is not, see
+    reference-behaviour.md) holds what ours holds."""
+    sidekick = pytest.importorskip("ngsidekick.annotations.precomputed")
+    want = truth("polyline", 200, seed=44, rels=())
+    lines = polylines(want)
+    counts = want.point_count.values.astype(np.int64)
+    points = pd.DataFrame(want.points.values, columns=["x", "y", "z"])
+    points["annotation_id"] = np.repeat(want.annotation.values, counts)
+    main = pd.DataFrame({"f32": want.f32.values}, index=pd.Index(want.annotation.values))
+    space = {"names": ["x", "y", "z"], "units": ["nm"] * 3, "scales": [4, 4, 40]}
+    sidekick.write_precomputed_annotations(main, space, "polyline", ["f32"], [],
+                                           str(tmp_path / "theirs"), True, polyline_points=points)
+    frame = pd.DataFrame({"f32": want.f32.values, "points": [lines[int(i)] for i in want.annotation.values]},
+                         index=want.annotation.values)
+    xp.to_annotations(frame, tmp_path / "ours", annotation_type="polyline", limit=30,
+                      dimensions={"x": [4, "nm"], "y": [4, "nm"], "z": [40, "nm"]})
+    theirs = xp.Annotations.open(tmp_path / "theirs").to_dataset(source="by_id")
+    ours = xp.Annotations.open(tmp_path / "ours").to_dataset(source="by_id")
+    sub = want[["point_count", "points", "f32"]].assign_attrs(want.attrs, relationships=[])
+    assert_same_set(theirs, sub)
+    assert_same_set(ours, sub)
+    check_invariants(tmp_path / "ours", sub)
