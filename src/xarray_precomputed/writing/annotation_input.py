@@ -441,10 +441,10 @@ def from_dataframe(df, *, annotation_type: str | None, dimensions, properties,
                 spec["enum_values"] = list(range(k))
                 spec["enum_labels"] = [str(x) for x in s.cat.categories]
             elif s.dtype == object:
-                first = next((x for x in s if x is not None), None)
-                k = len(first) if isinstance(first, (list, tuple, np.ndarray)) else 1
+                sample = next((x for x in s if x is not None), None)
+                k = len(sample) if isinstance(sample, (list, tuple, np.ndarray)) else 1
                 spec["type"] = _property_type(np.dtype(np.uint8) if k in (3, 4) else np.asarray(
-                    first).dtype, k, c)
+                    sample).dtype, k, c)
             else:
                 spec["type"] = _property_type(np.dtype(s.dtype), 1, c)
         try:
