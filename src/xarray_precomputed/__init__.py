@@ -38,7 +38,8 @@ _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precompu
          "open_segment_properties": ".backends.segment_properties",
          "to_segment_properties": ".writing.segment_properties",
          "Skeletons": ".backends.objects", "Meshes": ".backends.objects",
-         "to_skeletons": ".writing.skeletons", "Annotations": ".backends.annotations"}
+         "to_skeletons": ".writing.skeletons", "Annotations": ".backends.annotations",
+         "to_annotations": ".writing.annotations", "label_points": ".backends.label_points"}
 
 
 def _version() -> str:
@@ -76,4 +77,5 @@ __all__ = [
     "Volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
     "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties", "Context",
     "Skeletons", "Meshes", "to_skeletons", "Annotations",
+    "to_annotations", "label_points",
 ]
