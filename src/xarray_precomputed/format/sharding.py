@@ -215,26 +215,29 @@ def parse_minishard_index(buf: bytes, shard_index_end: int, *, file_size: int | 
     ids_delta, start_delta, sizes = a[0], a[1], a[2]
     if n and (int(sizes.max()) >= 1 << 62 or int(start_delta.max()) >= 1 << 62):
         raise ShardFormatError("minishard index holds an impossible offset or size", chunk=where)
-    ids = np.cumsum(ids_delta, dtype=np.uint64)
     if n > 1 and int(ids_delta[1:].min(initial=1)) == 0 or (n and _wrapped(ids_delta)):
         raise ShardFormatError("minishard index chunk ids are not strictly increasing", chunk=where)
-    starts = np.empty(n, dtype=np.int64)
-    ends = np.empty(n, dtype=np.int64)
-    pos = shard_index_end
-    sd = start_delta.tolist()
-    sz = sizes.tolist()
-    for i in range(n):
-        s = pos + sd[i]
-        e = s + sz[i]
-        if e >= 1 << 62 or (file_size is not None and e > file_size):
-            raise ShardFormatError(
-                f"chunk {int(ids[i])} data [{s}, {e}) lies past the end of the shard file"
-                + (f" ({file_size} bytes)" if file_size is not None else ""), chunk=where)
-        starts[i], ends[i] = s, e
-        pos = e
-    order = np.argsort(ids, kind="stable")
-    return MinishardIndex(ids[order], starts[order], ends[order])
+    ids = np.cumsum(ids_delta, dtype=np.uint64)
+    # Each step is below 2**63, so the running offsets are exact in int64 while their float sum
+    # stays below 2**61 (past that, no file could hold them).
+    steps = start_delta + sizes
+    if n and float(steps.astype(np.float64).sum()) + shard_index_end >= 2.0 ** 61:
+        raise ShardFormatError("minishard index data lies past the end of any shard file",
+                               chunk=where)
+    ends = np.cumsum(steps.astype(np.int64)) + shard_index_end
+    starts = ends - sizes.astype(np.int64)
+    if n and file_size is not None and int(ends[-1]) > file_size:
+        i = int(np.argmax(ends > file_size))
+        raise ShardFormatError(
+            f"chunk {int(ids[i])} data [{int(starts[i])}, {int(ends[i])}) lies past the end of "
+            f"the shard file ({file_size} bytes)", chunk=where)
+    # strictly increasing ids: already in lookup order
+    return MinishardIndex(ids, starts, ends)
 
 
 def _wrapped(deltas: np.ndarray) -> bool:
+    # The float sum decides unless it lies within its rounding of 2**64; then Python ints do.
+    total = float(deltas.astype(np.float64).sum())
+    if abs(total - 2.0 ** 64) > 2.0 ** 64 * 1e-9 * max(1, len(deltas)):
+        return total > 2.0 ** 64
     return sum(int(x) for x in deltas.tolist()) > _U64_MASK
