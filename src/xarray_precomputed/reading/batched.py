@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,30 @@ if TYPE_CHECKING:
     from .volume import ScaleReader
 
 _batch = load("xarray_precomputed.reading._chunk_batch")
+
+
+class GeomColumns(NamedTuple):
+    """Where each part of a geometry row starts (x, y, z in three columns from there; `channel`
+    is one), and the row's width: the extension's definition, read from its module constants
+    (`GEOM_*`). Rows are built only where the extension is."""
+
+    dest: int
+    origin: int
+    extent: int
+    shape: int
+    channel: int
+    columns: int
+
+
+GEOM = GeomColumns(*(getattr(_batch, "GEOM_" + f.upper()) for f in GeomColumns._fields)) \
+    if _batch is not None else None
+
+
+def kind_of(reader: ScaleReader) -> int | None:
+    """The extension's number for the scale's decoder (codec `batch_kind` names it: "raw",
+    "cseg"), or None where the extension has none or is not built."""
+    name = get_codec(reader.scale_info.encoding).batch_kind
+    return None if name is None or _batch is None else getattr(_batch, "KIND_" + name.upper())
 
 # Batches per decode thread of a read spread over the pool: enough that threads finishing early
 # find more, few enough that the Python of each batch stays small against its chunks.
@@ -57,26 +81,28 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
         hi = np.minimum(s.stop, (g + 1) * c)
         axes.append((g, lo - s.start, lo - g * c, hi - lo, np.minimum(c, n - g * c)))
     # five quantities per axis (cell, dest, origin, extent, shape), each spread over x, y, z;
-    # the last column, the first channel of the destination, stays 0
+    # the first channel of the destination stays 0
+    assert GEOM is not None
     counts = [len(a[0]) for a in axes]
-    table = np.zeros((*counts, 16), np.int64)
-    for a, parts in enumerate(axes):
+    cells = np.zeros((*counts, 3), np.int64)
+    geom = np.zeros((*counts, GEOM.columns), np.int64)
+    for a, (cell, *parts) in enumerate(axes):
         shape = [1, 1, 1]
         shape[a] = counts[a]
-        for k, values in enumerate(parts):
-            table[..., 3 * k + a] = values.reshape(shape)
-    table = table.reshape(-1, 16)
-    return np.ascontiguousarray(table[:, :3]), np.ascontiguousarray(table[:, 3:])
+        cells[..., a] = cell.reshape(shape)
+        for first, values in zip((GEOM.dest, GEOM.origin, GEOM.extent, GEOM.shape), parts):
+            geom[..., first + a] = values.reshape(shape)
+    return cells.reshape(-1, 3), geom.reshape(-1, GEOM.columns)
 
 
 def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     """Whether this read can take the batched path."""
     if _batch is None or not all(isinstance(s, slice) for s in sel):
         return False
-    kind = get_codec(reader.scale_info.encoding).batch_kind  # the extension's numbering
+    kind = kind_of(reader)
     if kind is None or not out.dtype.isnative:
         return False
-    if kind == 0 and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
+    if kind == _batch.KIND_RAW and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
         return False  # a big-endian machine: the per-chunk path converts
     store = reader.store
     sharding = reader.scale_info.sharding
@@ -163,9 +189,9 @@ def _scratch_for(nbytes: int) -> np.ndarray:
 
 
 def _common(reader: ScaleReader, out: np.ndarray):
-    kind = get_codec(reader.scale_info.encoding).batch_kind
-    block = (tuple(reader.scale_info.compressed_segmentation_block_size or ()) if kind == 1
-             else (1, 1, 1))
+    kind = kind_of(reader)
+    block = (tuple(reader.scale_info.compressed_segmentation_block_size or ())
+             if kind == _batch.KIND_CSEG else (1, 1, 1))  # type: ignore[union-attr]
     return kind, reader.info.dtype.name, block
 
 
@@ -490,10 +516,12 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
         k = len(members)
         buf = _chunk_slots(shape, k, reader.dtype)
         ext = np.minimum(c, size - cells[members] * c)
-        geom = np.zeros((k, 13), np.int64)
-        geom[:, 6:9] = ext
-        geom[:, 9:12] = ext
-        geom[:, 12] = np.arange(k) * nc
+        G = GEOM
+        assert G is not None
+        geom = np.zeros((k, G.columns), np.int64)
+        geom[:, G.extent:G.extent + 3] = ext
+        geom[:, G.shape:G.shape + 3] = ext
+        geom[:, G.channel] = np.arange(k) * nc
         for j in np.flatnonzero((ext != c).any(axis=1)).tolist():
             buf[..., j * nc:(j + 1) * nc] = 0  # past the volume's edge: 0
         return buf, geom

@@ -389,9 +389,13 @@ class ScaleReader(ChunkedScaleReader):
         file stored compressed beside its key) and decoded. `geom` rows as in batched.py. The
         rows whose chunk is missing."""
         missing = []
+        G = batched.GEOM
+        assert G is not None
+        nc = self.info.num_channels
         for row, (cell, g) in enumerate(zip(cells, geom.tolist())):
-            nc = self.info.num_channels
-            view = out[(*(slice(d, d + e) for d, e in zip(g[0:3], g[6:9])), slice(g[12], g[12] + nc))]
+            dest, ext = g[G.dest:G.dest + 3], g[G.extent:G.extent + 3]
+            view = out[(*(slice(d, d + e) for d, e in zip(dest, ext)),
+                        slice(g[G.channel], g[G.channel] + nc))]
             blob = self.store.read(self._unsharded_key(cell), limit=self._max_stored_bytes())
             if blob is None:
                 if not self.fill_missing:
@@ -402,7 +406,8 @@ class ScaleReader(ChunkedScaleReader):
                     view[...] = 0
                 missing.append(row)
                 continue
-            self._decode(blob, view, origin=tuple(g[3:6]), chunk_shape=tuple(g[9:12]),
+            self._decode(blob, view, origin=tuple(g[G.origin:G.origin + 3]),
+                         chunk_shape=tuple(g[G.shape:G.shape + 3]),
                          chunk=Lazy(self._describe_unsharded, cell), stream=stream)
         return missing
 
