@@ -144,3 +144,38 @@ def test_crops_match_tensorstore_at_every_alignment(tmp_path, sharded, block):
             got = scale.read(tuple(box), order=order)
             assert got.flags[f"{order}_CONTIGUOUS"]
             np.testing.assert_array_equal(got, want, err_msg=f"{box} {order}")
+
+
+def test_crackle_crops_decode_only_their_z_slices(tmp_path):
+    """A crop's chunks are decoded only over the z slices it covers (the format indexes them):
+    damaged crack codes in the last slice of a chunk fail a crop that covers that slice and no
+    other. Through the volume reader and the C decoder (the fallback slices crackle-codec's
+    CrackleArray, which does not detect this damage)."""
+    import crackle
+
+    from xarray_precomputed.codecs import crackle as ours
+
+    if ours._C is None:
+        pytest.fail("the crackle extension is not built")
+    shape = (16, 12, 8)
+    labels = np.zeros(shape, np.uint64)
+    labels[2:9, 3:10, :] = 7
+    labels[:, 6:, 5:] = 1 << 40
+    labels[10:, :4, 2:6] = 3
+    data = labels[..., None]
+    path = write_volume(tmp_path / "v", data, chunk_size=shape)
+    info = (path / "info").read_text().replace('"raw"', '"crackle"')
+    (path / "info").write_text(info)
+    stream = bytearray(crackle.compress(np.asfortranarray(labels)))
+    stream[len(stream) - 4 - 4 * shape[2] - 3] ^= 0x55  # inside the last slice's crack codes
+    key = next(p for p in path.rglob("0-16_0-12_0-8"))
+    key.write_bytes(bytes(stream))
+    scale = Volume.open(str(path)).scale(0)
+    for z0, z1 in [(0, 7), (2, 5), (6, 7), (0, 1)]:
+        for order in "CF":
+            got = scale.read((slice(1, 15), slice(0, 12), slice(z0, z1)), order=order)
+            np.testing.assert_array_equal(got, data[1:15, :, z0:z1])
+    from xarray_precomputed.errors import CorruptChunkError
+
+    with pytest.raises(CorruptChunkError):
+        scale.read((slice(0, 16), slice(0, 12), slice(6, 8)))
