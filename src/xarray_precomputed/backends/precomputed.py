@@ -291,11 +291,15 @@ def _looks_like_volume_dir(path: str) -> bool:
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
-                 missing_count=None) -> Volume:
+                 missing_count=None, chunk_cache=None) -> Volume:
+    if chunk_cache is not None and not (callable(getattr(chunk_cache, "get", None))
+                                        and callable(getattr(chunk_cache, "put", None))):
+        raise ArgumentError(f"chunk_cache must have get(key) and put(key, value, nbytes), got "
+                            f"{type(chunk_cache).__name__}")
     return Volume.open(os.fspath(filename_or_obj), info=info,
                        storage_options=check_options(storage_options),
                        fill_missing=check_bool("fill_missing", fill_missing),
-                       missing_count=check_count(missing_count))
+                       missing_count=check_count(missing_count), chunk_cache=chunk_cache)
 
 
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
@@ -304,7 +308,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
-                               "preferred_chunks", "order", "missing_count",
+                               "preferred_chunks", "order", "missing_count", "chunk_cache",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
@@ -312,7 +316,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      chunk_size_index: int = 0, info: Any = None,
                      drop_variables: str | Iterable[str] | None = None,
                      preferred_chunks: str | None = None, order: str | None = None,
-                     missing_count: MissingCount | None = None,
+                     missing_count: MissingCount | None = None, chunk_cache: Any = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -327,11 +331,14 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         what each dask task of `chunks={}` reads, since dask assembles results in C order; F for
         every other read, `.values` included). xarray does not tell engines about `chunks=`, so
         neither depends on it. `missing_count` (a `MissingCount`) counts the missing chunks the
-        dataset's reads fill with 0. The decoding arguments are accepted for xarray's sake and
-        change nothing."""
+        dataset's reads fill with 0. `chunk_cache` (a `reading.chunk_cache.ChunkCache`, or any
+        object with `get`/`put`) keeps decoded chunks for reads that overlap (per process: dask
+        tasks pickled to other processes leave it behind). The decoding arguments are accepted
+        for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
+                           chunk_cache)
         which = pick_scale(scale, group, len(vol.info.scales))
         return drop(scale_dataset(vol.scale(which, chunk_size_index=int(chunk_size_index)),
                                   preferred_chunks, order), drop_variables)

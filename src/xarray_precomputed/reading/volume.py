@@ -35,6 +35,7 @@ from .base import (
     pipeline,
     running_reads,
 )
+from .chunk_cache import ChunkCacheLike
 from .missing import MissingCount, record_filled
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
@@ -49,18 +50,23 @@ class Volume:
     """A precomputed volume: its parsed `info` and access to each scale."""
 
     def __init__(self, url: str, info: VolumeInfo, *, storage_options: dict | None = None,
-                 fill_missing: bool = True, missing_count: MissingCount | None = None):
+                 fill_missing: bool = True, missing_count: MissingCount | None = None,
+                 chunk_cache: ChunkCacheLike | None = None):
         self.url = strip_scheme_prefix(url)
         self.info = info
         self.storage_options = dict(storage_options or {})
         self.fill_missing = fill_missing
         self.missing_count = missing_count
+        self.chunk_cache = chunk_cache
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, fill_missing: bool = True,
-             info: Any = None, missing_count: MissingCount | None = None) -> "Volume":
+             info: Any = None, missing_count: MissingCount | None = None,
+             chunk_cache: ChunkCacheLike | None = None) -> "Volume":
         """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file;
-        `missing_count` counts the missing chunks its reads fill with 0."""
+        `missing_count` counts the missing chunks its reads fill with 0; `chunk_cache` (a
+        `reading.chunk_cache.ChunkCache`, or any object with `get`/`put`) keeps decoded chunks
+        for box reads that overlap."""
         url = strip_scheme_prefix(str(url))
         source = None
         if info is None:
@@ -71,7 +77,7 @@ class Volume:
             info, source = text, store.describe("info")
         parsed = info if isinstance(info, VolumeInfo) else parse_info(info, source=source)
         return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing,
-                   missing_count=missing_count)
+                   missing_count=missing_count, chunk_cache=chunk_cache)
 
     @property
     def scales(self) -> tuple[ScaleInfo, ...]:
@@ -83,6 +89,7 @@ class Volume:
                              fill_missing=self.fill_missing, chunk_size_index=chunk_size_index)
         if self.missing_count is not None:
             reader.missing_count = self.missing_count.token
+        reader.chunk_cache = self.chunk_cache
         return reader
 
     def __repr__(self) -> str:
