@@ -72,6 +72,9 @@ def read_through(reader: ChunkedScaleReader, cache: ChunkCacheLike, sel: list,
     """Read the selection `sel` (per axis a step-1 slice or an index array) into `out` through
     `cache`, or leave it (False) to the reader's usual path: where no chunk of it is cached and
     the cache admits none yet."""
+    each_chunk = getattr(reader, "for_each_chunk", None)  # the precomputed reader's
+    if each_chunk is None:
+        return False
     parts = [axis_parts(s, c) for s, c in zip(sel, reader.chunk_size)]
     jobs = list(itertools.product(*parts))
     keys = [_key(reader, tuple(p.cell for p in job)) for job in jobs]
@@ -95,7 +98,7 @@ def read_through(reader: ChunkedScaleReader, cache: ChunkCacheLike, sel: list,
                 cache.put(keys[i], value, value.nbytes)
             _place(value, jobs[i], out)
 
-        reader.for_each_chunk(cells, keep)
+        each_chunk(cells, keep)
     for i, value in enumerate(got):
         if value is not None:
             _place(value, jobs[i], out)
