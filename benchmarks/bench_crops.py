@@ -2,7 +2,7 @@
 CloudVolume.
 
     PYTHONPATH=src python benchmarks/bench_crops.py [--rounds 3] [--root /tmp/xp-bench]
-        [--sizes 64,32,128] [--n 200] [--overlap]
+        [--sizes 64,32,128] [--n 200] [--cache] [--mode random|walk|disjoint]
 
 Per run: a fresh process per reader and column; every import (xarray, dask.array,
 dask.distributed, the HTTP clients, the peer's package) and the volume's open happen before the
@@ -21,9 +21,11 @@ Volumes (volumes.py, written by TensorStore): `seg`, uint64 compressed_segmentat
 64³ chunks, 512×512×256 (W1's); `raw`, uint8 raw, unsharded 128×128×32 chunk files, 512×512×256
 (W6's raw128, read locally).
 
-`--overlap`: the crops of a run walk near each other (each within ±16 voxels of the last, as a
-viewer panning or a loader sampling a neighbourhood), ours with and without a decoded-chunk cache
-(`chunk_cache=`): the measurement behind the cache's default (docs/design.md).
+`--cache`: ours with a decoded-chunk cache (`reading.chunk_cache.ChunkCache`, 256 MiB) beside
+ours without, on the crops of `--mode`: `random` (above), `walk` (each crop within ±16 voxels of
+the last, as a viewer panning or a loader sampling a neighbourhood) or `disjoint` (crops whose
+chunks no other crop meets: what a volume much larger than the cache costs). The measurement
+behind the cache's default (docs/design.md).
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ sys.path.insert(0, str(HERE))
 
 SHAPE = (512, 512, 256)
 COLUMNS = ("numpy1", "xarray1", "xarray4")
+CACHE_BYTES = 256 << 20
 READERS = ("ours", "ts", "cv")
 
 
-def crop_positions(n: int, size: int, seed: int = 0, overlap: bool = False) -> list[tuple]:
+def crop_positions(n: int, size: int, seed: int = 0, mode: str = "random") -> list[tuple]:
     """`n` crop origins, none on the 8-voxel grid along any axis (so no crop starts on a chunk
-    or block boundary); with `overlap`, a walk of steps of at most 16 voxels per axis."""
+    or block boundary): uniform, a walk of steps of at most 16 voxels per axis (`walk`), or
+    (`disjoint`) one crop per 128-voxel cell of the volume, in random order, so that no two
+    crops of up to 64³ meet the same 64³ or 128×128×32 chunk (n is then at most 64)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -56,10 +61,15 @@ def crop_positions(n: int, size: int, seed: int = 0, overlap: bool = False) -> l
     def off_grid(v: int, top: int) -> int:
         return v + 1 if v % 8 == 0 and v < top else (v - 1 if v % 8 == 0 else v)
 
+    if mode == "disjoint":
+        cells = [(x, y, z) for x in range(0, SHAPE[0], 128) for y in range(0, SHAPE[1], 128)
+                 for z in range(0, SHAPE[2], 128)]
+        rng.shuffle(cells)
+        return [tuple(c + 3 for c in cell) for cell in cells[:n]]
     out = []
     pos = [int(rng.integers(1, h)) for h in hi]
     for _ in range(n):
-        if overlap:
+        if mode == "walk":
             pos = [min(max(1, p + int(rng.integers(-16, 17))), h - 1) for p, h in zip(pos, hi)]
         else:
             pos = [int(rng.integers(1, h)) for h in hi]
@@ -67,7 +77,7 @@ def crop_positions(n: int, size: int, seed: int = 0, overlap: bool = False) -> l
     return out
 
 
-def worker(reader: str, column: str, path: str, size: int, n: int, overlap: bool) -> dict:
+def worker(reader: str, column: str, path: str, size: int, n: int, mode: str) -> dict:
     import dask.array  # noqa: F401  (xarray imports it lazily: an import, not work)
     import numpy as np
     import xarray as xr
@@ -86,16 +96,16 @@ def worker(reader: str, column: str, path: str, size: int, n: int, overlap: bool
     if reader == "cv":
         from cloudvolume import CloudVolume
     xr.backends.plugins.list_engines()  # xarray's entry-point scan: a cost of the environment
-    boxes = crop_positions(n, size, overlap=overlap)
+    boxes = crop_positions(n, size, mode=mode)
     if reader == "cv" and "seg" in Path(path).name:
         boxes = boxes[:max(8, n // 10)]  # ~5 crops/s on the sharded seg: the first tenth
 
     cache = None
     if reader.startswith("ours"):
         if reader == "ours-cache":
-            from xarray_precomputed.util import LRUCache
+            from xarray_precomputed.reading.chunk_cache import ChunkCache
 
-            cache = LRUCache(max_bytes=int(reader_cache_bytes()))
+            cache = ChunkCache(CACHE_BYTES)
         if column == "numpy1":
             scale = Volume.open(path, chunk_cache=cache).scale(0) if cache is not None \
                 else Volume.open(path).scale(0)
@@ -143,10 +153,6 @@ def worker(reader: str, column: str, path: str, size: int, n: int, overlap: bool
     return {"seconds": seconds, "crops_per_s": len(boxes) / seconds, "checksum": checksum}
 
 
-def reader_cache_bytes() -> int:
-    return 256 << 20
-
-
 def build_volumes(root: Path) -> dict[str, Path]:
     """`seg` as W1's and `raw` as W6's raw128 (volumes.py), only those two."""
     from volumes import CHUNK, SEG_SHARDING, _ts_write, em_like, fib25_tiles
@@ -165,10 +171,9 @@ def build_volumes(root: Path) -> dict[str, Path]:
     return paths
 
 
-def run_one(reader, column, path, size, n, overlap) -> dict:
-    args = [sys.executable, __file__, "--worker", reader, column, str(path), str(size), str(n)]
-    if overlap:
-        args.append("--overlap")
+def run_one(reader, column, path, size, n, mode) -> dict:
+    args = [sys.executable, __file__, "--worker", reader, column, str(path), str(size), str(n),
+            "--mode", mode]
     out = subprocess.run(args, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1] if out.stderr else f"exit {out.returncode}"
@@ -184,13 +189,14 @@ def main() -> None:
     ap.add_argument("--volumes", default="seg,raw")
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--overlap", action="store_true")
+    ap.add_argument("--mode", default="random", choices=("random", "walk", "disjoint"))
+    ap.add_argument("--cache", action="store_true", help="ours with and without a chunk cache")
     ap.add_argument("--json", help="write every run's result here")
     ap.add_argument("--worker", nargs=5)
     args = ap.parse_args()
     if args.worker:
         reader, column, path, size, n = args.worker
-        print(json.dumps(worker(reader, column, path, int(size), int(n), args.overlap)))
+        print(json.dumps(worker(reader, column, path, int(size), int(n), args.mode)))
         return
 
     from _bytecode import compile_package
@@ -199,7 +205,7 @@ def main() -> None:
     compile_package()
     paths = build_volumes(Path(args.root))
     readers = tuple(args.readers.split(","))
-    if args.overlap:
+    if args.cache:
         readers = ("ours", "ours-cache")
     results: dict = {}
     for rnd in range(args.rounds):
@@ -211,7 +217,7 @@ def main() -> None:
                     for column in COLUMNS:
                         if not reader.startswith("ours") and column == "numpy1":
                             continue  # a peer's one API is timed as `xarray1`
-                        r = run_one(reader, column, paths[vol], size, args.n, args.overlap)
+                        r = run_one(reader, column, paths[vol], size, args.n, args.mode)
                         results.setdefault(f"{vol}|{size}|{reader}|{column}", []).append(r)
                         print(vol, size, reader, column, r, file=sys.stderr, flush=True)
     if args.json:
@@ -238,8 +244,10 @@ def table(results: dict, readers: tuple) -> str:
             text = [f"{v:,.0f}" if v is not None else "—" for v in row]
             if reader.startswith("ours"):
                 for j, c in enumerate(COLUMNS):
-                    peers = [cell(p, c) for p in readers if not p.startswith("ours")]
-                    peers = [p for p in peers if p]
+                    # against the faster peer; with --cache, ours with one against ours without
+                    others = [p for p in readers if not p.startswith("ours")] or \
+                        (["ours"] if reader != "ours" else [])
+                    peers = [p for p in (cell(p, c) for p in others) if p]
                     if row[j] and peers:
                         text[j] += f" ({row[j] / max(peers):.2f}×)"
             lines.append(f"| {vol} {size}³ {reader} | " + " | ".join(text) + " |")

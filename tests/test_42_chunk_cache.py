@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pickle
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,3 +134,31 @@ def test_the_cache_is_per_process_and_checked_at_open(tmp_path):
     with pytest.raises(ArgumentError, match="chunk_cache must have get"):
         xr.open_dataset(str(path), engine="precomputed", chunk_cache={"a": 1})
     shutil.rmtree(path)
+
+
+def test_threads_missing_the_same_chunks_decode_them_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = make_data((48, 32, 16, 1), np.uint64, seed=5, labels=True)
+    path = write_volume(tmp_path / "v", data, chunk_size=(16, 16, 16),
+                        encoding="compressed_segmentation", block_size=(8, 8, 8))
+    cache = ChunkCache(64 << 20)
+    scale = Volume.open(str(path), chunk_cache=cache).scale(0)
+    decoded: list = []
+    lock = threading.Lock()
+    each = scale.for_each_chunk
+
+    def counting(cells, fn):
+        with lock:
+            decoded.extend(map(tuple, np.asarray(cells).tolist()))
+        time.sleep(0.05)  # the others arrive while this one decodes
+        each(cells, fn)
+
+    scale.for_each_chunk = counting
+    boxes = [(slice(3 + k, 40 + k), slice(1, 30), slice(2, 14)) for k in range(8)]
+    scale.read(boxes[0])  # first sight: nothing kept
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(scale.read, boxes))
+    for box, g in zip(boxes, got):
+        np.testing.assert_array_equal(g, data[box])
+    assert sorted(decoded) == sorted(set(decoded)) and len(decoded) == 6

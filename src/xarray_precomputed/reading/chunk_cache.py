@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import numpy as np
 
@@ -46,12 +47,39 @@ _MISSING_BYTES = 64
 
 class ChunkCache(LRUCache):
     """An LRU cache of decoded chunks bounded by their bytes, which admits a chunk the second
-    time a read meets it (among the last `remembered` chunks met)."""
+    time a read meets it (among the last `remembered` chunks met). Reads missing the same chunks
+    at once decode them once (`filling`)."""
 
     def __init__(self, max_bytes: int, remembered: int = 1 << 16):
         super().__init__(max_bytes)
         self._seen = LRUCache(remembered)
         self._seen_lock = threading.Lock()
+        self._filling: dict = {}  # key -> [lock, holders]
+
+    @contextmanager
+    def filling(self, keys: list) -> Iterator[None]:
+        """Held while `keys` are decoded and put: another read missing any of them waits, then
+        finds them cached. Taken in sorted order, so two reads never wait on each other."""
+        with self._seen_lock:
+            entries = []
+            for k in sorted(set(keys)):
+                e = self._filling.setdefault(k, [threading.Lock(), 0])
+                e[1] += 1
+                entries.append((k, e))
+        held = []
+        try:
+            for _, e in entries:
+                e[0].acquire()
+                held.append(e)
+            yield
+        finally:
+            for e in held:
+                e[0].release()
+            with self._seen_lock:
+                for k, e in entries:
+                    e[1] -= 1
+                    if not e[1]:
+                        del self._filling[k]
 
     def seen(self, key) -> bool:
         """Whether `key` was met before (remembered); remembers it from now on."""
@@ -85,24 +113,36 @@ def read_through(reader: ChunkedScaleReader, cache: ChunkCacheLike, sel: list,
         if not any([seen(k) for k in keys]):
             return False
     lost = [i for i, g in enumerate(got) if g is None]
-    if lost:
-        cells = np.array([[p.cell for p in jobs[i]] for i in lost], dtype=np.int64)
-
-        def keep(j: int, chunk) -> None:
-            i = lost[j]
-            if chunk is None:
-                value: Any = MISSING
-                cache.put(keys[i], MISSING, _MISSING_BYTES)
-            else:
-                value = np.array(chunk, order="F")  # the handed-over buffer is reused
-                cache.put(keys[i], value, value.nbytes)
-            _place(value, jobs[i], out)
-
-        each_chunk(cells, keep)
+    filling = getattr(cache, "filling", None)
+    with filling([keys[i] for i in lost]) if filling is not None and lost else nullcontext():
+        if filling is not None and lost:  # what reads holding them before us have put
+            for i in lost:
+                got[i] = cache.get(keys[i])
+            lost = [i for i in lost if got[i] is None]
+        if lost:
+            _fill(each_chunk, cache, jobs, keys, lost, out)
     for i, value in enumerate(got):
         if value is not None:
             _place(value, jobs[i], out)
     return True
+
+
+def _fill(each_chunk, cache: ChunkCacheLike, jobs: list, keys: list, lost: list,
+          out: np.ndarray) -> None:
+    """The chunks `lost` (positions in `jobs`) decoded whole, put in the cache and placed."""
+    cells = np.array([[p.cell for p in jobs[i]] for i in lost], dtype=np.int64)
+
+    def keep(j: int, chunk) -> None:
+        i = lost[j]
+        if chunk is None:
+            value: Any = MISSING
+            cache.put(keys[i], MISSING, _MISSING_BYTES)
+        else:
+            value = np.array(chunk, order="F")  # the handed-over buffer is reused
+            cache.put(keys[i], value, value.nbytes)
+        _place(value, jobs[i], out)
+
+    each_chunk(cells, keep)
 
 
 def _place(chunk, job, out: np.ndarray) -> None:
