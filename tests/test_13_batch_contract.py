@@ -93,3 +93,31 @@ def test_no_source_indexes_a_row_by_number():
         text = (SRC / name).read_text()
         bad = re.findall(r"\bgeom\[[^\]]*?(?<!\+ )\b\d|\bg\[\d+:\d+\]|, 13\)|\bbatch_kind\s*==\s*\d", text)
         assert not bad, f"{name} indexes a geometry row or a kind by number: {bad}"
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["libdeflate", "zlib-in-C"])
+def test_gzip_shards_read_alike_whichever_inflates(tmp_path, monkeypatch, first):
+    """Chunks of gzip shards are inflated by libdeflate before the extension decodes them, or by
+    the extension's zlib where the `deflate` package is missing: the same voxels as TensorStore,
+    the same error naming the chunk for damaged gzip data."""
+    from oracle import make_data, ts_read, write_volume
+
+    from xarray_precomputed import CorruptChunkError, Volume
+
+    monkeypatch.setattr(batched, "INFLATE_FIRST", first)
+    data = make_data((40, 24, 20, 1), np.uint64, seed=13, labels=True)
+    sharding = {"preshift_bits": 1, "minishard_bits": 1, "shard_bits": 1, "data_encoding": "gzip"}
+    path = write_volume(tmp_path / "v", data, chunk_size=(16, 8, 8), sharding=sharding,
+                        encoding="compressed_segmentation", block_size=(4, 4, 4))
+    truth = ts_read(path)
+    scale = Volume.open(str(path)).scale(0)
+    for box in [(slice(0, 40), slice(0, 24), slice(0, 20)), (slice(5, 21), slice(3, 9), slice(7, 19))]:
+        for order in "CF":
+            np.testing.assert_array_equal(scale.read(box, order=order), truth[box])
+    shard = sorted(p for p in path.rglob("*.shard"))[0]
+    blob = bytearray(shard.read_bytes())
+    at = blob.rfind(b"\x1f\x8b\x08")  # the last gzip member: a chunk's data
+    blob[at + 20] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(CorruptChunkError, match=r"chunk grid cell .* gzip data is corrupt"):
+        Volume.open(str(path)).scale(0).read(order="F")
