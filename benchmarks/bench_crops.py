@@ -2,7 +2,7 @@
 CloudVolume.
 
     PYTHONPATH=src python benchmarks/bench_crops.py [--rounds 3] [--root /tmp/xp-bench]
-        [--sizes 64,32,128] [--n 200] [--cache] [--mode random|walk|disjoint]
+        [--sizes 64,32,128] [--n 200] [--cache] [--mode random|walk|disjoint] [--base-src DIR]
 
 Per run: a fresh process per reader and column; every import (xarray, dask.array,
 dask.distributed, the HTTP clients, the peer's package) and the volume's open happen before the
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,8 @@ def crop_positions(n: int, size: int, seed: int = 0, mode: str = "random") -> li
 
 
 def worker(reader: str, column: str, path: str, size: int, n: int, mode: str) -> dict:
+    if reader == "ours-base":  # ours from another checkout (--base-src), in the same rounds
+        sys.path.insert(0, os.environ["XP_BASE_SRC"])
     import dask.array  # noqa: F401  (xarray imports it lazily: an import, not work)
     import numpy as np
     import xarray as xr
@@ -192,6 +195,7 @@ def main() -> None:
     ap.add_argument("--mode", default="random", choices=("random", "walk", "disjoint"))
     ap.add_argument("--cache", action="store_true", help="ours with and without a chunk cache")
     ap.add_argument("--json", help="write every run's result here")
+    ap.add_argument("--base-src", help="also time ours from this src/ folder (`ours-base`)")
     ap.add_argument("--worker", nargs=5)
     args = ap.parse_args()
     if args.worker:
@@ -205,6 +209,9 @@ def main() -> None:
     compile_package()
     paths = build_volumes(Path(args.root))
     readers = tuple(args.readers.split(","))
+    if args.base_src:
+        os.environ["XP_BASE_SRC"] = str(Path(args.base_src).resolve())
+        readers = ("ours-base", *readers)
     if args.cache:
         readers = ("ours", "ours-cache")
     results: dict = {}
