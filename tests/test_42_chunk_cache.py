@@ -79,9 +79,10 @@ def test_chunk_cache_admits_on_second_sight_and_stays_within_its_bytes(tmp_path)
     np.testing.assert_array_equal(scale.read(box), data[box])
     assert len(cache) == 2 and cache.nbytes == 2 * chunk_bytes
     for x in range(0, 64, 16):  # more chunks than fit, each met twice
-        for _ in range(2):
-            b = (slice(x, x + 16), slice(0, 32), slice(0, 16))
-            np.testing.assert_array_equal(scale.read(b), data[b])
+        for y in (0, 16):
+            for _ in range(2):
+                b = (slice(x, x + 16), slice(y, y + 16), slice(0, 16))
+                np.testing.assert_array_equal(scale.read(b), data[b])
     assert cache.nbytes <= 5 * chunk_bytes and len(cache) == 5
 
 
@@ -162,3 +163,14 @@ def test_threads_missing_the_same_chunks_decode_them_once(tmp_path):
     for box, g in zip(boxes, got):
         np.testing.assert_array_equal(g, data[box])
     assert sorted(decoded) == sorted(set(decoded)) and len(decoded) == 6
+
+
+def test_a_read_of_a_quarter_of_the_cache_or_more_goes_around_it(tmp_path):
+    data = make_data((64, 16, 16, 1), np.uint8, seed=6)
+    path = write_volume(tmp_path / "v", data, chunk_size=(16, 16, 16))
+    cache = LRUCache(4 * 4 * 16 * 16 * 16 - 1)  # a quarter of it: just under 4 chunks' bytes
+    scale = Volume.open(str(path), chunk_cache=cache).scale(0)
+    np.testing.assert_array_equal(scale.read((slice(0, 64),) + (slice(0, 16),) * 2), data)
+    assert len(cache) == 0
+    np.testing.assert_array_equal(scale.read((slice(0, 48),) + (slice(0, 16),) * 2), data[:48])
+    assert len(cache) == 3

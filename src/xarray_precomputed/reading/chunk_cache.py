@@ -9,7 +9,8 @@ sight: a chunk is decoded whole and kept only once a read meets it a second time
 remembered. Until then a read decodes only the part of each chunk it returns (8^3 blocks of
 compressed_segmentation, the z slices of crackle), so reads that never meet the same chunk twice
 (random crops of a volume much larger than the cache) cost what they cost without one. A plain
-`get`/`put` cache keeps every chunk from the first read on.
+`get`/`put` cache keeps every chunk from the first read on. A read of a quarter of the cache's
+`max_bytes` or more (whole volumes, large dask blocks) goes around it.
 
 Keys are (volume URL, scale key, chunk size, shape, data type, grid cell); values the whole decoded chunk, as
 `for_each_chunk` hands it over (Fortran-ordered XYZC, the stored layout), or `MISSING`. A cache
@@ -103,6 +104,9 @@ def read_through(reader: ChunkedScaleReader, cache: ChunkCacheLike, sel: list,
     each_chunk = getattr(reader, "for_each_chunk", None)  # the precomputed reader's
     if each_chunk is None:
         return False
+    limit = getattr(cache, "max_bytes", None)
+    if limit is not None and out.nbytes * 4 > limit:
+        return False  # a read of a quarter of the cache or more would only churn it
     parts = [axis_parts(s, c) for s, c in zip(sel, reader.chunk_size)]
     jobs = list(itertools.product(*parts))
     keys = [_key(reader, tuple(p.cell for p in job)) for job in jobs]
