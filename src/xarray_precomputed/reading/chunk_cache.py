@@ -12,9 +12,9 @@ compressed_segmentation, the z slices of crackle), so reads that never meet the 
 `get`/`put` cache keeps every chunk from the first read on. A read of a quarter of the cache's
 `max_bytes` or more (whole volumes, large dask blocks) goes around it.
 
-Keys are (volume URL, scale key, chunk size, shape, data type, grid cell); values the whole decoded chunk, as
-`for_each_chunk` hands it over (Fortran-ordered XYZC, the stored layout), or `MISSING`. A cache
-is per process: a pickled reader (a dask task) leaves it behind. A missing chunk served from the
+Keys are (volume URL, scale key, chunk size, shape, data type, grid cell); values the whole
+decoded chunk, as `for_each_chunk` hands it over (Fortran-ordered XYZC, the stored layout), or
+`MISSING`. A cache is per process: a pickled reader (a dask task) leaves it behind. A missing chunk served from the
 cache is not counted again in `missing_count`.
 """
 
