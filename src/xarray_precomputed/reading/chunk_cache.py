@@ -14,8 +14,8 @@ compressed_segmentation, the z slices of crackle), so reads that never meet the 
 
 Keys are (volume URL, scale key, chunk size, shape, data type, grid cell); values the whole
 decoded chunk, as `for_each_chunk` hands it over (Fortran-ordered XYZC, the stored layout), or
-`MISSING`. A cache is per process: a pickled reader (a dask task) leaves it behind. A missing chunk served from the
-cache is not counted again in `missing_count`.
+`MISSING`. A cache is per process: a pickled reader (a dask task) leaves it behind. A missing
+chunk served from the cache is not counted again in `missing_count`.
 """
 
 from __future__ import annotations
