@@ -52,13 +52,16 @@ class GeomColumns(NamedTuple):
 
 GEOM = GeomColumns(*(getattr(_batch, "GEOM_" + f.upper()) for f in GeomColumns._fields)) \
     if _batch is not None else None
+# The extension's number for each decoder a codec's `batch_kind` names.
+KINDS = {name: getattr(_batch, "KIND_" + name.upper()) for name in ("raw", "cseg")} \
+    if _batch is not None else {}
 
 
 def kind_of(reader: ScaleReader) -> int | None:
-    """The extension's number for the scale's decoder (codec `batch_kind` names it: "raw",
-    "cseg"), or None where the extension has none or is not built."""
+    """The extension's number for the scale's decoder, or None where the extension has none or
+    is not built."""
     name = get_codec(reader.scale_info.encoding).batch_kind
-    return None if name is None or _batch is None else getattr(_batch, "KIND_" + name.upper())
+    return None if name is None else KINDS.get(name)
 
 # Batches per decode thread of a read spread over the pool: enough that threads finishing early
 # find more, few enough that the Python of each batch stays small against its chunks.
@@ -102,7 +105,7 @@ def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
     kind = kind_of(reader)
     if kind is None or not out.dtype.isnative:
         return False
-    if kind == _batch.KIND_RAW and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
+    if kind == KINDS["raw"] and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
         return False  # a big-endian machine: the per-chunk path converts
     store = reader.store
     sharding = reader.scale_info.sharding
@@ -191,7 +194,7 @@ def _scratch_for(nbytes: int) -> np.ndarray:
 def _common(reader: ScaleReader, out: np.ndarray):
     kind = kind_of(reader)
     block = (tuple(reader.scale_info.compressed_segmentation_block_size or ())
-             if kind == _batch.KIND_CSEG else (1, 1, 1))  # type: ignore[union-attr]
+             if kind == KINDS["cseg"] else (1, 1, 1))
     return kind, reader.info.dtype.name, block
 
 
