@@ -341,11 +341,16 @@ def _looks_like_volume_dir(path: str) -> bool:
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
-                 missing_count=None, context=None) -> Volume:
+                 missing_count=None, context=None, chunk_cache=None) -> Volume:
+    if chunk_cache is not None and not (callable(getattr(chunk_cache, "get", None))
+                                        and callable(getattr(chunk_cache, "put", None))):
+        raise ArgumentError(f"chunk_cache must have get(key) and put(key, value, nbytes), got "
+                            f"{type(chunk_cache).__name__}")
     return Volume.open(os.fspath(filename_or_obj), info=info,
                        storage_options=check_options(storage_options),
                        fill_missing=check_bool("fill_missing", fill_missing),
-                       missing_count=check_count(missing_count), context=context)
+                       missing_count=check_count(missing_count), context=context,
+                       chunk_cache=chunk_cache)
 
 
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
@@ -355,6 +360,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
                                "preferred_chunks", "order", "missing_count", "context",
+                               "chunk_cache",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
@@ -363,6 +369,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      drop_variables: str | Iterable[str] | None = None,
                      preferred_chunks: str | None = None, order: str | None = None,
                      missing_count: MissingCount | None = None, context: Any = None,
+                     chunk_cache: Any = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -378,13 +385,15 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         every other read, `.values` included). xarray does not tell engines about `chunks=`, so
         neither depends on it. `missing_count` (a `MissingCount`) counts the missing chunks the
         dataset's reads fill with 0. `context` (an `xarray_precomputed.Context`) holds the
-        threads, caches and counters its reads use (None: the default context where they run).
-        The decoding arguments are accepted for xarray's sake and change nothing."""
+        threads, caches and counters its reads use (None: the default context where they run);
+        `chunk_cache` (a `util.ChunkCache`, or any object with `get`/`put`) keeps decoded chunks
+        for reads that overlap, in place of the context's. The decoding arguments are accepted
+        for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
         try:
             vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
-                               context)
+                               context, chunk_cache)
         except InfoError:
             other = open_other_kind(os.fspath(filename_or_obj), storage_options, info)
             if other is None:

@@ -158,6 +158,11 @@ def parse_shard_index_entry(buf: bytes | memoryview, *, where: str) -> tuple[int
     return start, end
 
 
+def inflates_with_libdeflate() -> bool:
+    """Whether `decode_gzip` has libdeflate (the `deflate` package) to inflate with."""
+    return _deflate is not None
+
+
 def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray:
     """gzip (or zlib) decompression that stops at `limit` bytes: a bomb cannot exhaust memory.
 
