@@ -174,3 +174,25 @@ def test_a_read_of_a_quarter_of_the_cache_or_more_goes_around_it(tmp_path):
     assert len(cache) == 0
     np.testing.assert_array_equal(scale.read((slice(0, 48),) + (slice(0, 16),) * 2), data[:48])
     assert len(cache) == 3
+
+
+def test_a_context_holds_the_chunk_cache_its_readers_use(volume):
+    from xarray_precomputed import Context
+
+    path, truth = volume
+    ctx = Context(chunk_cache_bytes=64 << 20)
+    assert isinstance(ctx.chunk_cache, ChunkCache) and Context().chunk_cache is None
+    scale = Volume.open(str(path), context=ctx).scale(0)
+    for box in crops(30, 13):
+        np.testing.assert_array_equal(scale.read(box), truth[box])
+    assert len(ctx.chunk_cache) > 0
+    ds = xr.open_dataset(str(path), engine="precomputed", context=ctx)
+    var = next(iter(ds.data_vars.values()))
+    box = next(crops(1, 13))
+    np.testing.assert_array_equal(var[box].values, truth[box])
+    # a cache given to the reader wins over the context's
+    own = ChunkCache(64 << 20)
+    other = Volume.open(str(path), context=Context(chunk_cache_bytes=64 << 20), chunk_cache=own)
+    for box in crops(30, 13, seed=1):
+        np.testing.assert_array_equal(other.scale(0).read(box), truth[box])
+    assert len(own) > 0
