@@ -355,15 +355,16 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                             fill_missing: bool = True, storage_options: dict | None = None,
                             info: Any = None, drop_variables: str | Iterable[str] | None = None,
                             preferred_chunks: str | None = None, order: str | None = None,
-                            missing_count: MissingCount | None = None,
+                            missing_count: MissingCount | None = None, context: Any = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
                             decode_coords: Any = None) -> dict[str, xr.Dataset]:
         """The root `/` (volume-wide attrs) and one group `/s<k>` per scale; `group=` re-roots the
-        tree there, as xarray defines it. `preferred_chunks`, `order` and `missing_count` as for
-        open_dataset."""
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+        tree there, as xarray defines it. `preferred_chunks`, `order`, `missing_count` and
+        `context` as for open_dataset."""
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
+                           context)
         root = xr.Dataset(attrs={
             "type": vol.info.type, "data_type": vol.info.data_type,
             "num_channels": vol.info.num_channels,
@@ -385,14 +386,15 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                       fill_missing: bool = True, storage_options: dict | None = None,
                       info: Any = None, drop_variables: str | Iterable[str] | None = None,
                       preferred_chunks: str | None = None, order: str | None = None,
-                      missing_count: MissingCount | None = None,
+                      missing_count: MissingCount | None = None, context: Any = None,
                       mask_and_scale: Any = None, decode_times: Any = None,
                       decode_timedelta: Any = None, use_cftime: Any = None,
                       concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
         return xr.DataTree.from_dict(self.open_groups_as_dict(
             filename_or_obj, group=group, fill_missing=fill_missing,
             storage_options=storage_options, info=info, drop_variables=drop_variables,
-            preferred_chunks=preferred_chunks, order=order, missing_count=missing_count))
+            preferred_chunks=preferred_chunks, order=order, missing_count=missing_count,
+            context=context))
 
     def guess_can_open(self, filename_or_obj) -> bool:
         """Without I/O for a URL: Neuroglancer's data-source forms (`precomputed://<url>`,
