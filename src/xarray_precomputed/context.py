@@ -263,8 +263,8 @@ class Context:
     """
 
     def __init__(self, *, decode_threads: int | None = None, io_threads: int | None = None,
-                 encode_threads: int | None = None, shard_index_cache_bytes: int | None = None, chunk_cache_bytes: int | None = None,
-                 decoded_object_cache_bytes: int | None = None) -> None:
+                 encode_threads: int | None = None, shard_index_cache_bytes: int | None = None,
+                 chunk_cache_bytes: int | None = None, decoded_object_cache_bytes: int | None = None) -> None:
         given = {
             "decode_threads": _check_size("decode_threads", decode_threads, least=1),
             "io_threads": _check_size("io_threads", io_threads, least=1),
