@@ -148,8 +148,8 @@ def _columns(data: Any):
     variable, and the ids."""
     import pandas as pd
 
+    cols: list[tuple[str, np.ndarray, dict]] = []
     if isinstance(data, pd.DataFrame):
-        cols = []
         for name in data.columns:
             s = data[name]
             if isinstance(s.dtype, pd.CategoricalDtype):
@@ -163,7 +163,7 @@ def _columns(data: Any):
                                   f"{type(data).__name__}")
     if "segment" not in data.dims:
         raise WriterArgumentError("the Dataset has no `segment` dimension")
-    cols, tag_sets = [], []
+    tag_sets: list[tuple[str, np.ndarray, list[str], Any]] = []
     for name, var in data.data_vars.items():
         if var.dims == ("segment",):
             cols.append((str(name), _values(var.values, str(name)), dict(var.attrs)))
