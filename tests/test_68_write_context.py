@@ -3,6 +3,7 @@
 as many threads as it says (unless `num_workers=` is given), a dask task gets the context by its
 token, and what is written is what TensorStore reads and what a write without a context writes."""
 
+# ruff: noqa: F811 (fixtures imported from dvid_helpers are requested by name)
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import numpy as np
 import oracle
 import pytest
 import xarray as xr
+from dvid_helpers import EXPORT, INFO, dvid_data, reader, real_cells, real_table  # noqa: F401
 
 import xarray_precomputed as xp
 from xarray_precomputed import Context, cli, context
@@ -225,3 +227,24 @@ def test_without_threads_convert_uses_the_default_context(source, tmp_path, cli_
                      "--no-progress"]) == 0
     assert cli_context == [None]
     assert context.default_context().requests["write"] > before
+
+
+def test_both_engines_open_a_tree_in_the_users_context(source, real_cells):
+    """`open_datatree` of `precomputed` and `dvid_arrow` (what `convert` opens) read in the
+    context given, and only there."""
+
+    path, data = source
+    ctx = Context(decode_threads=2)
+    before = context.default_context().counters()
+    tree = xr.open_datatree(path, engine="precomputed", context=ctx)
+    np.testing.assert_array_equal(tree["s0"]["segmentation"].values, data)
+    assert ctx.index_fetches["shard_index"] > 0
+    dvid = Context()
+    tree = xr.open_datatree(EXPORT, engine="dvid_arrow", info=INFO, context=dvid)
+    box = {d: slice(c * 64, c * 64 + 96) for d, c in zip("xyz", real_cells[11])}
+    got = tree["s1"]["segmentation"].isel(box).values
+    assert dvid.requests["read"] + dvid.requests["range"] > 0
+    assert context.default_context().counters() == before
+    truth = reader().read(tuple(box.values()))
+    np.testing.assert_array_equal(got, truth)
+    assert got.any()
