@@ -157,3 +157,30 @@ def test_a_bad_folder_is_refused_before_writing(tmp_path):
     with pytest.raises(WriterArgumentError, match="segment_properties: data must be"):
         xp.to_precomputed(arr, str(tmp_path / "v"), segment_properties={"label": ["a"]})
     assert not (tmp_path / "v").exists()
+
+
+def test_a_tree_and_convert_carry_the_sources_properties(tmp_path, capsys):
+    """Defaults keep the source: the `segment_properties` group of a tree as `open_datatree`
+    gives it is written with the volume (so `convert --to precomputed` keeps them, with
+    `--scale` too); `segment_properties=False` writes none."""
+    from xarray_precomputed import cli
+
+    data, arr = _volume()
+    src = tmp_path / "src"
+    xp.to_precomputed(xp.downsample(arr, (2, 2, 1), levels=1), str(src), chunk_size=(16, 16, 8),
+                      segment_properties=_table(_ids(data)))
+    tree = xr.open_datatree(src, engine="precomputed")
+    expected = tree["segment_properties"].to_dataset(inherit=False)
+    xp.to_precomputed(tree, str(tmp_path / "copy"))
+    for out, args in [("cli", []), ("one", ["--scale", "1"])]:
+        assert cli.main(["convert", str(src), str(tmp_path / out), "--to", "precomputed",
+                         "--no-progress", *args]) == 0
+    for out in ("copy", "cli", "one"):
+        got = xr.open_datatree(tmp_path / out, engine="precomputed")
+        xr.testing.assert_identical(got["segment_properties"].to_dataset(inherit=False), expected)
+        assert (tmp_path / out / "segment_properties" / "info").read_bytes() == \
+            (src / "segment_properties" / "info").read_bytes()
+    _assert_opens_elsewhere(tmp_path / "cli", data)
+    xp.to_precomputed(tree, str(tmp_path / "none"), segment_properties=False)
+    assert "segment_properties" not in json.loads((tmp_path / "none" / "info").read_text())
+    assert not (tmp_path / "none" / "segment_properties").exists()

@@ -368,7 +368,10 @@ def cmd_convert(args) -> int:
 
     tree = _open_source(args, engine)
     obj = tree
+    props = None  # the whole tree's segment properties go along by default
     if args.scale is not None:
+        if "segment_properties" in tree.children:
+            props = tree["segment_properties"].to_dataset(inherit=False)
 
         names = []
         for w in args.scale:
@@ -389,7 +392,7 @@ def cmd_convert(args) -> int:
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
                        num_workers=args.workers, coarser_scales=args.coarser_scales,
                        progress=written, encoding_options=args.encoding_options,
-                       context=args.context)
+                       context=args.context, segment_properties=props)
     finally:
         written.close_bar()
     print(written.summary(args.dst))

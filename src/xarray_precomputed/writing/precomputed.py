@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ..context import Context, resolve
@@ -130,7 +131,9 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         folder and linked from its info (`"segment_properties": "segment_properties"`): a
         Dataset or DataFrame as `to_segment_properties` takes it, or the path or URL of an
         existing properties folder (copied; read with `storage_options` when on the
-        destination's kind of store). Segmentations only; ids must be uint64.
+        destination's kind of store). Segmentations only; ids must be uint64. None keeps the
+        source's: a DataTree's `segment_properties` group (as `open_datatree` gives a volume's
+        linked ones), written with a segmentation; False writes none.
     context: the `xarray_precomputed.Context` whose stores, counters and encoding threads the
         write uses (default: the default context where it runs); dask tasks get it by token.
     """
@@ -150,6 +153,11 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     except ArgumentError as e:
         raise WriterArgumentError(str(e)) from None
     # checked before any chunk is written: ids, schema
+    kept = segment_properties is None
+    if kept:
+        segment_properties = _source_properties(obj)
+    elif segment_properties is False:
+        segment_properties = None
     props = linked_properties(segment_properties, url, storage_options, context=ctx)
     sink = sink_of(progress)
     scales = _scales_of(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)
@@ -181,6 +189,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
              "num_channels": first.num_channels, "scales": []}
     parsed, allow_resume = merge_info(store, fresh, sjson, resume=resume, overwrite=overwrite,
                                       coarser_scales=coarser_scales)
+    if props is not None and kept and parsed.type != "segmentation":
+        props = None  # an image's source linked some: not what it holds
     if props is not None:
         if parsed.type != "segmentation":
             raise WriterArgumentError(f"segment_properties describe segments: {url} is an "
@@ -205,6 +215,15 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     # Readers in this process may have cached indices of the shard files just replaced.
     forget_cached_indices(store.url)
     return parsed
+
+
+def _source_properties(obj) -> Any:
+    """The segment properties a DataTree carries (its `segment_properties` group), or None."""
+    children = getattr(obj, "children", None)
+    node = children.get(SEGMENT_PROPERTIES_DIR) if isinstance(children, Mapping) else None
+    if node is None or "segment" not in node.dims:
+        return None
+    return node.to_dataset(inherit=False)
 
 
 def _deprecated_keywords(given: dict, num_workers: int | None) -> tuple[dict, int | None]:
