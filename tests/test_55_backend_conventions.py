@@ -18,7 +18,13 @@ import xarray as xr
 import zarr
 from oracle import add_scale, make_data, ts_read, write_volume
 
-from xarray_precomputed import ArgumentError, PrecomputedError, ScaleNotFoundError, to_precomputed
+from xarray_precomputed import (
+    ArgumentError,
+    HugeGraphWarning,
+    PrecomputedError,
+    ScaleNotFoundError,
+    to_precomputed,
+)
 from xarray_precomputed.backends.dvid_arrow import DvidArrowBackendEntrypoint
 from xarray_precomputed.backends.precomputed import PrecomputedBackendEntrypoint
 
@@ -242,27 +248,37 @@ def huge(tmp_path_factory) -> Path:
     return path
 
 
-def test_huge_open_is_fast_and_silent(huge):
-    """Opening a male-CNS-sized scale with chunks= is lazy (dask's graph is not materialised) and
-    raises no warning of ours: the engine is not told about chunks=, so it cannot estimate the
-    graph (the README says to select first, then chunk)."""
+def test_huge_open_is_fast_and_warns_only_of_huge_scales(huge):
+    """Opening a male-CNS-sized scale with chunks= is lazy (dask's graph is not materialised).
+    A scale of more than 10^6 blocks of the usual size warns at every open (the engine is not
+    told about chunks=), with the select-first recipe; the default blocks of a scale past 10^5
+    of them grow until there are at most 10^5; smaller scales open silently."""
     t = time.perf_counter()
+    with pytest.warns(HugeGraphWarning, match=r"3\.79e\+09 dask tasks.*Select first"):
+        ds = xr.open_dataset(huge, engine="precomputed", chunks={}, preferred_chunks="chunk")
+    assert ds["segmentation"].data.npartitions > 10**9  # one task per storage chunk
+    with pytest.warns(HugeGraphWarning, match=r"4\.74e\+08 blocks of the usual size"):
+        blocks = xr.open_dataset(huge, engine="precomputed", chunks={})
+    assert blocks["segmentation"].data.npartitions <= 10**5
+    with pytest.warns(HugeGraphWarning, match="Select first"):
+        lazy = xr.open_dataset(huge, engine="precomputed")  # lazy, no dask: warned all the same
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ds = xr.open_dataset(huge, engine="precomputed", chunks={}, preferred_chunks="chunk")
-        assert ds["segmentation"].data.npartitions > 10**9  # one task per storage chunk
-        blocks = xr.open_dataset(huge, engine="precomputed", chunks={})
-        assert blocks["segmentation"].data.chunksize == (128, 128, 128, 1)  # 8 chunks a block
-        lazy = xr.open_dataset(huge, engine="precomputed")  # lazy, no dask
         small = xr.open_dataset(huge, engine="precomputed", scale=2, chunks={},
                                 preferred_chunks="chunk")  # 12k tasks
         blocks = xr.open_dataset(huge, engine="precomputed", scale=2, chunks={})
+        grown = xr.open_dataset(huge, engine="precomputed", scale=1, chunks={})  # 9.4e5 blocks
         sub = lazy.isel(x=slice(0, 128), y=slice(0, 128), z=slice(0, 64)).chunk(
             {"x": 64, "y": 64, "z": 64})
+    with pytest.warns(HugeGraphWarning, match="'8_8_8'") as warned:
         tree = xr.open_datatree(huge, engine="precomputed", chunks={})
+    assert len(warned) == 1  # scale 0 only
     assert time.perf_counter() - t < 60  # not a benchmark: a hang guard (it takes ~0.5 s)
     assert small["segmentation"].data.npartitions == 23 * 20 * 33
+    assert blocks["segmentation"].data.chunksize == (128, 128, 128, 1)  # 8 chunks a block
     assert blocks["segmentation"].data.npartitions == 12 * 10 * 17
+    assert grown["segmentation"].data.chunksize == (512, 256, 256, 1)  # doubled 4 times
+    assert grown["segmentation"].data.npartitions == 23 * 39 * 66
     assert sub["segmentation"].data.npartitions == 4
     assert tree["s2"]["segmentation"].data.npartitions == 12 * 10 * 17
 

@@ -9,7 +9,9 @@ whole shard over HTTP against the server's request log (one request)."""
 from __future__ import annotations
 
 import math
+import shutil
 import warnings
+from pathlib import Path
 
 import dask
 import dask.array
@@ -21,7 +23,7 @@ import tensorstore as ts
 import xarray as xr
 
 from xarray_precomputed.backends import precomputed
-from xarray_precomputed.errors import ArgumentError
+from xarray_precomputed.errors import ArgumentError, HugeGraphWarning
 from xarray_precomputed.kvstore import shard_files as shard_reader
 
 SHAPE = (64, 48, 40, 2)  # a 4 x 3 x 5 grid of 16 x 16 x 8 chunks; 2 channels of uint64
@@ -307,3 +309,87 @@ def test_sizes_that_split_storage_chunks_still_warn(unboxed):
         da = _open(path, chunks={"x": 8})
     assert da.chunks[0] == (8,) * 8
     np.testing.assert_array_equal(da.compute().values, truth)
+
+
+# ---------------------------------------------------------------------------------------------
+# Huge scales: dask culls the graph of every block of an array whatever is computed, so the
+# default blocks grow until there are at most MAX_BLOCKS, and opening a scale of more than
+# HUGE_BLOCKS blocks of the usual size warns.
+
+MCNS_INFO = Path(__file__).resolve().parent / "data" / "dvid" / "mcns-ng-specs.json"
+MCNS_BOX = dict(x=slice(47001, 47257), y=slice(39100, 39356), z=slice(67230, 67486))  # 256^3
+
+
+@pytest.fixture(scope="module")
+def mcns(tmp_path_factory):
+    """The male CNS `info` (4.7e8 storage chunks at scale 0) with no chunk stored: reads give 0."""
+    d = tmp_path_factory.mktemp("mcns")
+    shutil.copy(MCNS_INFO, d / "info")
+    return d
+
+
+def _spy_reads(monkeypatch) -> list:
+    """The shape of every read the engine hands to dask from now on."""
+    shapes: list = []
+    getitem = precomputed.PrecomputedBackendArray._getitem
+
+    def spy(self, key):
+        out = getitem(self, key)
+        shapes.append(out.shape)
+        return out
+
+    monkeypatch.setattr(precomputed.PrecomputedBackendArray, "_getitem", spy)
+    return shapes
+
+
+def test_huge_scale_warns_and_a_small_selection_computes_from_a_small_graph(mcns, monkeypatch):
+    with pytest.warns(HugeGraphWarning, match=r"(?s)4\.74e\+08 blocks.*Select first: open "
+                      r"without chunks=, select with \.isel\(x=\.\.\., y=\.\.\., z=\.\.\.\), "
+                      r"then \.chunk\(\)"):
+        da = _open(mcns)
+    assert da.data.npartitions <= precomputed.MAX_BLOCKS
+    shard = (2048, 2048, 2048)  # the scale's shard box (identity hash)
+    for b, s in zip(da.data.chunksize, shard):
+        assert b % 64 == 0 and (b % s == 0 or s % b == 0)  # whole chunks, tiling shard boxes
+    reads = _spy_reads(monkeypatch)
+    biggest = da.isel(**MCNS_BOX).max()
+    (optimized,) = dask.optimize(biggest.data)
+    assert len(optimized.__dask_graph__()) <= 16  # the selection's blocks, not the scale's
+    assert int(biggest.compute()) == 0
+    assert reads and sum(math.prod(r) for r in reads) == 256 ** 3  # the box, not whole blocks
+
+
+def test_huge_scale_in_storage_chunks_warns_of_the_tasks(mcns):
+    with pytest.warns(HugeGraphWarning, match=r"huge \('chunk' preferred chunks\): chunks="
+                      r"\{\} gives 3\.79e\+09 dask tasks.*Select first"):
+        da = _open(mcns, preferred_chunks="chunk")
+    assert da.data.numblocks == (1471, 1224, 2103, 1)  # as asked: storage chunks
+    # the recipe the warning gives: open without chunks=, select, then chunk
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HugeGraphWarning)
+        box = xr.open_dataset(mcns, engine="precomputed", scale=5)["segmentation"].isel(
+            x=slice(0, 256), y=slice(0, 256), z=slice(0, 256)).chunk()
+    assert box.data.npartitions == 1 and int(box.max().compute()) == 0
+
+
+def test_blocks_grow_past_the_cap_to_keep_the_graph_small(volume, unboxed, monkeypatch):
+    """With a graph budget of 8 blocks, storage-chunk blocks (the local cap at one byte) double
+    along their shortest side until there are 8: 32^3 voxels, two shard boxes deep along z,
+    every voxel still TensorStore's; more blocks than HUGE_BLOCKS of the usual size warn."""
+    monkeypatch.setattr(precomputed, "LOCAL_BLOCK_BYTES", 1)
+    monkeypatch.setattr(precomputed, "MAX_BLOCKS", 8)
+    for path, truth in (volume, unboxed):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HugeGraphWarning)
+            da = _open(path)
+        assert da.data.npartitions == 8
+        _check_blocks(da, truth, (32, 32, 32), box=None)
+    monkeypatch.setattr(precomputed, "HUGE_BLOCKS", 59)
+    with pytest.warns(HugeGraphWarning, match=r"is huge \(60 blocks of the usual size\): "
+                      r"chunks=\{\} gives 8 blocks of 32x32x32 voxels \(0\.000488 GiB each\)"):
+        da = _open(volume[0])
+    np.testing.assert_array_equal(da.compute().values, volume[1])
+    monkeypatch.setattr(precomputed, "HUGE_BLOCKS", 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HugeGraphWarning)
+        _open(volume[0])

@@ -112,8 +112,9 @@ def test_open_dataset_conventions(info_doc, real_cells):
     assert var.attrs["labels"] == "agglomerated"
     assert var.encoding["precomputed_encoding"] == "dvid_compressed_block"
     assert var.encoding["sharding"]["hash"] == "identity"
-    # 64³ uint64 blocks (2 MiB) grouped 2 x 2 x 2 into the 16 MiB local block size
-    assert var.encoding["preferred_chunks"] == {"x": 128, "y": 128, "z": 128, "channel": 1}
+    # 64³ uint64 blocks (2 MiB) grouped 2 x 2 x 2 into the 16 MiB local block size, then (5.9e7
+    # such blocks: a huge scale) doubled along the shortest side until there are at most 10^5
+    assert var.encoding["preferred_chunks"] == {"x": 2048, "y": 1024, "z": 1024, "channel": 1}
     ds2 = xr.open_dataset(EXPORT, engine="dvid_arrow", info=INFO, scale="16x16x16", labels="supervoxels")
     cell = real_cells[7]
     box = {d: slice(c * 64 - 8, c * 64 + 72) for d, c in zip("xyz", cell)}

@@ -17,6 +17,7 @@ from .errors import (
     HugeGraphWarning,
     InfoError,
     MissingChunkError,
+    MissingObjectError,
     PermissionDeniedError,
     PrecomputedError,
     ScaleNotFoundError,
@@ -31,11 +32,14 @@ from .format.info import ScaleInfo, ShardingSpec, VolumeInfo, parse_info
 from .reading.missing import MissingCount
 from .reading.volume import ScaleReader, Volume
 
-# Writers load on first use: reading needs neither them nor zarr.
+# Writers and the xarray front doors of other kinds load on first use: reading needs none of them.
 _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precomputed",
          "downsample": ".writing.downsample", "sample_volume": ".samples", "sample_data": ".samples",
          "open_segment_properties": ".backends.segment_properties",
-         "to_segment_properties": ".writing.segment_properties"}
+         "to_segment_properties": ".writing.segment_properties",
+         "Skeletons": ".backends.objects", "Meshes": ".backends.objects",
+         "to_skeletons": ".writing.skeletons", "Annotations": ".backends.annotations",
+         "to_annotations": ".writing.annotations", "label_points": ".backends.label_points"}
 
 
 def _version() -> str:
@@ -66,9 +70,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "ArgumentError", "BoundsError", "ChunkError", "CodecUnavailableError", "CorruptChunkError",
     "DependencyError", "ExportArgumentError", "ExportError", "HugeGraphWarning", "InfoError",
-    "MissingChunkError", "PermissionDeniedError", "PrecomputedError", "ScaleNotFoundError",
+    "MissingChunkError", "MissingObjectError", "PermissionDeniedError", "PrecomputedError",
+    "ScaleNotFoundError",
     "ShardFormatError", "StaleScalesWarning", "StorageError", "URLError", "WriterArgumentError",
     "WriterError", "ScaleInfo", "ShardingSpec", "VolumeInfo", "parse_info", "ScaleReader",
     "Volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
     "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties", "Context",
+    "Skeletons", "Meshes", "to_skeletons", "Annotations",
+    "to_annotations", "label_points",
 ]

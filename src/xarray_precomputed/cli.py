@@ -1,6 +1,7 @@
 """The `xarray-precomputed` command (also `python -m xarray_precomputed`).
 
-    xarray-precomputed info URL [--engine dvid_arrow --info INFO.json] [--json]
+    xarray-precomputed info URL [--engine dvid_arrow --info INFO.json] [--json]   (a volume or
+                                                           an annotation set)
     xarray-precomputed convert SRC DST.zarr [--scale K ...] [--shard-shape X Y Z] [--overwrite]
     xarray-precomputed convert SRC DST --to precomputed [--encoding E] [--chunk-size X Y Z] ...
 
@@ -229,6 +230,11 @@ def cmd_info(args) -> int:
         else:
             print(f"xarray-precomputed {__version__}\n\n{format_native(paths)}")
         return 0
+    if args.engine is None and args.info is None:
+        annotations = _annotation_summary(args.url, args.storage_options)
+        if annotations is not None:
+            print(json.dumps(annotations, indent=1) if args.json else format_annotations(annotations))
+            return 0
     engine = args.engine or _guess_engine(args.url)
     vi, present, url = _load(args.url, engine, args.info, args.storage_options)
     summary = summarize(vi, present, url, engine)
@@ -236,6 +242,41 @@ def cmd_info(args) -> int:
     print(json.dumps(summary, indent=1) if args.json else
           format_summary(summary) + "\n\n" + format_native(paths))
     return 0
+
+
+def _annotation_summary(url: str, storage_options: dict | None) -> dict | None:
+    """The summary of an annotation set, or None when `url`'s info is not an annotation info."""
+    from .format.annotation_info import is_annotation_info
+    from .reading.annotations import AnnotationSource
+    from .storage import open_store, strip_scheme_prefix
+
+    try:
+        text = open_store(strip_scheme_prefix(url), storage_options).read("info")
+        doc = json.loads(text) if text is not None else None
+    except (OSError, ValueError):
+        return None
+    if not is_annotation_info(doc):
+        return None
+    return AnnotationSource.open(url, storage_options=storage_options, info=text).summary()
+
+
+def format_annotations(s: dict) -> str:
+    dims = ", ".join(f"{n} ({sc:g} {u})" for n, (sc, u) in s["dimensions"].items())
+    count = "unknown" if s["count"] is None else f"{s['count']:,}"
+    lines = [f"{s['url']}: precomputed annotations, {s['annotation_type']}, {count} annotations",
+             f"dimensions   {dims}",
+             f"bounds       {s['lower_bound']} to {s['upper_bound']}",
+             f"by_id        {s['by_id']['key']} ({s['by_id']['layout']})"]
+    for p in s["properties"]:
+        enum = f", enum {dict(zip(p['enum_values'], p['enum_labels']))}" if "enum_values" in p else ""
+        desc = f": {p['description']}" if p.get("description") else ""
+        lines.append(f"property     {p['id']} {p['type']}{enum}{desc}")
+    for r in s["relationships"]:
+        lines.append(f"relationship {r['id']} -> {r['key']} ({r['layout']})")
+    for i, lv in enumerate(s["spatial"]):
+        lines.append(f"level {i:<6} {lv['key']}: grid {_x(lv['grid_shape'])}, cells of "
+                     f"{_x(lv['chunk_size'])}, limit {lv['limit']} ({lv['layout']})")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- convert

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from . import util
 from .errors import ArgumentError
-from .util import ForkSafePool, LRUCache
+from .util import ChunkCache, ForkSafePool, LRUCache
 
 # Threads of the I/O pool: how many remote requests (or request batches) are in flight at once.
 IO_THREADS = util.IO_THREADS
@@ -292,7 +292,8 @@ class Context:
         self.shard_index_cache = LRUCache(index_bytes)
         self.shard_form_cache = LRUCache(index_bytes // SHARD_FORM_FRACTION)
         chunk_bytes = given.get("chunk_cache_bytes")
-        self.chunk_cache: LRUCache | None = LRUCache(chunk_bytes) if chunk_bytes else None
+        # kept on second sight, so random reads of a larger volume do not churn it
+        self.chunk_cache: ChunkCache | None = ChunkCache(chunk_bytes) if chunk_bytes else None
         self.decoded_object_cache = LRUCache(
             given.get("decoded_object_cache_bytes", DECODED_OBJECT_CACHE_BYTES))
         self.requests = Counters()

@@ -65,6 +65,18 @@ class MissingChunkError(ChunkError, KeyError):
         return Exception.__str__(self)
 
 
+class MissingObjectError(ChunkError, KeyError):
+    """No skeleton or mesh is stored under the segment id asked for; names the id and where it
+    was looked for (`segment_id` holds the id)."""
+
+    def __init__(self, message: str, *, segment_id: int, chunk: object = None):
+        super().__init__(message, chunk=chunk)
+        self.segment_id = segment_id
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return Exception.__str__(self)
+
+
 class CorruptChunkError(ChunkError, ValueError):
     """A chunk's bytes cannot be decoded (wrong length, corrupt encoding, decompression bomb)."""
 
@@ -114,6 +126,7 @@ class ExportArgumentError(ArgumentError, ExportError):
 
 
 class HugeGraphWarning(UserWarning):
-    """Kept so that warning filters naming it still work. The engines no longer emit it: xarray
-    does not tell an engine about `chunks=`, so opening cannot count the dask tasks it will make
-    (the README's "dask and huge volumes" says what to do instead)."""
+    """Opening a scale of more than ~10^6 dask blocks (of the usual block size, or of the storage
+    chunks or shards asked for): dask handles every block of an array whatever is computed. Said
+    at every open of such a scale (xarray does not tell an engine about `chunks=`), with the
+    recipe: open without `chunks=`, select with `.isel`, then `.chunk()`."""

@@ -205,3 +205,47 @@ def wait_all(tasks: list[Future]) -> None:
     finally:
         settle(tasks)
 
+
+class ChunkCache(LRUCache):
+    """An LRU cache of decoded chunks bounded by their bytes, which admits a chunk the second
+    time a read meets it (among the last `remembered` chunks met). Reads missing the same chunks
+    at once decode them once (`filling`)."""
+
+    def __init__(self, max_bytes: int, remembered: int = 1 << 16):
+        super().__init__(max_bytes)
+        self._seen = LRUCache(remembered)
+        self._seen_lock = threading.Lock()
+        self._filling: dict = {}  # key -> [lock, holders]
+
+    @contextmanager
+    def filling(self, keys: list) -> Iterator[None]:
+        """Held while `keys` are decoded and put: another read missing any of them waits, then
+        finds them cached. Taken in sorted order, so two reads never wait on each other."""
+        with self._seen_lock:
+            entries = []
+            for k in sorted(set(keys)):
+                e = self._filling.setdefault(k, [threading.Lock(), 0])
+                e[1] += 1
+                entries.append((k, e))
+        held = []
+        try:
+            for _, e in entries:
+                e[0].acquire()
+                held.append(e)
+            yield
+        finally:
+            for e in held:
+                e[0].release()
+            with self._seen_lock:
+                for k, e in entries:
+                    e[1] -= 1
+                    if not e[1]:
+                        del self._filling[k]
+
+    def seen(self, key) -> bool:
+        """Whether `key` was met before (remembered); remembers it from now on."""
+        with self._seen_lock:
+            if self._seen.get(key) is not None:
+                return True
+            self._seen.put(key, True, 1)
+            return False

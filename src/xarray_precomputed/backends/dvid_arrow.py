@@ -26,7 +26,7 @@ from .conventions import (
     drop,
     pick_scale,
 )
-from .tree import scale_groups
+from .tree import datatree_opener, scale_groups
 
 # The reader (and pyarrow behind it) is imported on first open, not when xarray lists its engines.
 
@@ -147,18 +147,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
             n_scales=len(vi.scales), group=group, drop_variables=drop_variables, what="export")
         return groups
 
-    def open_datatree(self, filename_or_obj, *, info: Any = None, group: str | None = None,
-                      labels: str = "agglomerated", fill_missing: bool = True,
-                      storage_options: dict | None = None,
-                      drop_variables: str | Iterable[str] | None = None,
-                      missing_count: MissingCount | None = None, context: Any = None,
-                      mask_and_scale: Any = None, decode_times: Any = None,
-                      decode_timedelta: Any = None, use_cftime: Any = None,
-                      concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
-        return xr.DataTree.from_dict(self.open_groups_as_dict(
-            filename_or_obj, info=info, group=group, labels=labels, fill_missing=fill_missing,
-            storage_options=storage_options, drop_variables=drop_variables,
-            missing_count=missing_count, context=context))
+    open_datatree = datatree_opener(open_groups_as_dict)
 
     def guess_can_open(self, filename_or_obj) -> bool:
         try:

@@ -10,12 +10,15 @@ from typing import Any
 import xarray as xr
 
 from ..storage import open_store, strip_scheme_prefix
+from .annotations import open_annotation_dataset
 from .segment_properties import open_segment_properties
 
 # `@type` -> opener(url, storage_options) -> Dataset
 OPENERS: dict[str, Callable[..., xr.Dataset]] = {
     "neuroglancer_segment_properties":
         lambda url, storage_options: open_segment_properties(url, storage_options=storage_options),
+    "neuroglancer_annotations_v1":
+        lambda url, storage_options: open_annotation_dataset(url, storage_options=storage_options),
 }
 # The most bytes of an `info` looked at to tell its kind.
 INFO_MAX_BYTES = 64 << 20

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any, Iterable
 
 import numpy as np
@@ -16,7 +17,7 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from ..codecs.registry import encoding_options
-from ..errors import ArgumentError, InfoError
+from ..errors import ArgumentError, HugeGraphWarning, InfoError
 from ..reading.missing import MissingCount, check_count
 from ..reading.volume import ScaleReader, Volume
 from .conventions import (
@@ -28,7 +29,7 @@ from .conventions import (
 )
 from .kinds import OPENERS, linked_url, open_other_kind
 from .segment_properties import open_segment_properties
-from .tree import scale_groups
+from .tree import datatree_opener, scale_groups
 
 DIMS = ("x", "y", "z", "channel")
 # Memory order of what the backend hands to xarray, chosen by measurement (docs/design.md,
@@ -55,6 +56,13 @@ LOCAL_BLOCK_BYTES = 16 << 20
 # pages for every block (uint8 `map_blocks(float32 * 2).sum()`: 4 MiB blocks 0.18-0.26 s against
 # 0.20-0.42 s in 16 MiB ones, `.max()` the same either way; docs/design.md, "Preferred chunks").
 LOCAL_BLOCK_ELEMENTS = 4 << 20
+# The most dask blocks the default preferred chunks give: dask handles every block of an array
+# whatever is computed (a 256^3 `.max()` of the male CNS scale 0 took 1.2 s at 1.5e4 blocks, 1.7 s
+# at 1.2e5, 6.6 s at 9.4e5 and 47 s at 7.4e6, nearly all of it culling the graph), so on a huge
+# scale blocks grow past the block size until there are at most this many.
+MAX_BLOCKS = 10**5
+# A scale with more blocks than this of the block size is huge: opening it warns.
+HUGE_BLOCKS = 10**6
 _PREFERRED = ("block", "shard", "chunk")
 
 
@@ -160,8 +168,9 @@ def scale_dataset(reader: ScaleReader, preferred: str | None = None,
     }
     if order is not None and order not in _ORDERS:
         raise ArgumentError(f"order must be one of {_ORDERS} or None, got {order!r}")
-    enc = storage_encoding(reader, preferred)
-    block = tuple(enc["preferred_chunks"][d] for d in DIMS[:3])
+    block, blocks = _preferred_blocks(reader, preferred)
+    _warn_if_huge(reader, block, blocks, preferred)
+    enc = storage_encoding(reader, preferred, block)
     data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader, order, block))
     var = xr.Variable(DIMS, data, attrs)
     var.encoding.update(enc)
@@ -183,46 +192,83 @@ def preferred_chunk_shape(reader: ScaleReader, preferred: str | None = None) -> 
     dask.distributed client is the scheduler when the dataset is opened, where each task costs
     milliseconds of the workers' time; otherwise at most LOCAL_BLOCK_BYTES and
     LOCAL_BLOCK_ELEMENTS, where smaller blocks (and the temporaries computed from them) reuse
-    memory (docs/design.md, "Preferred chunks")."""
+    memory (docs/design.md, "Preferred chunks"). "block" on a huge scale: blocks past the block
+    size, doubled along their shortest side until there are at most MAX_BLOCKS."""
+    return _preferred_blocks(reader, preferred)[0]
+
+
+def _preferred_blocks(reader: ScaleReader, preferred: str | None) -> tuple[tuple[int, ...], int]:
+    """(`preferred_chunk_shape`, how many blocks of the block size the scale holds: in the
+    storage chunks or shards of "chunk" and "shard", before the growth of "block")."""
     preferred = PREFERRED_CHUNKS if preferred is None else preferred
     if preferred not in _PREFERRED:
         raise ArgumentError(f"preferred_chunks must be one of {_PREFERRED}, got {preferred!r}")
     chunk, size = reader.chunk_size, reader.scale_info.size
-    if preferred == "chunk":
-        return tuple(chunk)
-    shard = reader.shard_shape
-    if shard is None and preferred == "shard":
-        return tuple(chunk)
-    voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
-    target = _dask_target_bytes()
-    if not reader.is_remote and not _cluster_scheduler():
-        target = min(target, LOCAL_BLOCK_BYTES, LOCAL_BLOCK_ELEMENTS * reader.dtype.itemsize)
     grid = [-(-s // c) for s, c in zip(size, chunk)]
 
     def extent(cells: list[int], axis: int) -> int:
         return min(cells[axis] * chunk[axis], size[axis])
 
+    def count(cells: list[int]) -> int:
+        return math.prod(-(-g // c) for g, c in zip(grid, cells))
+
+    shard = reader.shard_shape
+    if preferred == "chunk" or (shard is None and preferred == "shard"):
+        return tuple(chunk), count([1, 1, 1])
+    voxel_bytes = reader.info.num_channels * reader.dtype.itemsize
+    target = _dask_target_bytes()
+    if not reader.is_remote and not _cluster_scheduler():
+        target = min(target, LOCAL_BLOCK_BYTES, LOCAL_BLOCK_ELEMENTS * reader.dtype.itemsize)
+
     def nbytes(cells: list[int]) -> int:
         return math.prod(extent(cells, a) for a in range(3)) * voxel_bytes
+
+    def doubled(cells: list[int]) -> list[int] | None:
+        growable = [a for a in range(3) if cells[a] < grid[a]]
+        if not growable:
+            return None
+        shortest = min(growable, key=lambda a: extent(cells, a))
+        bigger = list(cells)
+        bigger[shortest] = min(2 * cells[shortest], grid[shortest])
+        return bigger
 
     if shard is not None:
         cells = [-(-s // c) for s, c in zip(shard, chunk)]
         while nbytes(cells) > target and max(cells) > 1:
             longest = max((a for a in range(3) if cells[a] > 1), key=lambda a: extent(cells, a))
             cells[longest] = -(-cells[longest] // 2)
-        return tuple(extent(cells, a) for a in range(3))
-    cells = [1, 1, 1]
-    while True:
-        growable = [a for a in range(3) if cells[a] < grid[a]]
-        if not growable:
-            break
-        shortest = min(growable, key=lambda a: extent(cells, a))
-        bigger = list(cells)
-        bigger[shortest] = min(2 * cells[shortest], grid[shortest])
-        if nbytes(bigger) > target:
-            break
-        cells = bigger
-    return tuple(extent(cells, a) for a in range(3))
+    else:
+        cells = [1, 1, 1]
+        while (bigger := doubled(cells)) is not None and nbytes(bigger) <= target:
+            cells = bigger
+    blocks = count(cells)
+    if preferred == "block":
+        while count(cells) > MAX_BLOCKS and (bigger := doubled(cells)) is not None:
+            cells = bigger
+    return tuple(extent(cells, a) for a in range(3)), blocks
+
+
+def _warn_if_huge(reader: ScaleReader, block: tuple[int, ...], blocks: int,
+                  preferred: str | None) -> None:
+    """HugeGraphWarning where the scale holds more than HUGE_BLOCKS blocks of the block size (or
+    of the storage chunks or shards asked for). At every open of such a scale: xarray does not
+    tell an engine about `chunks=`."""
+    if blocks <= HUGE_BLOCKS:
+        return
+    preferred = PREFERRED_CHUNKS if preferred is None else preferred
+    shape = "x".join(str(b) for b in block)
+    n = math.prod(-(-s // b) for s, b in zip(reader.scale_info.size, block))
+    gib = math.prod(block) * reader.info.num_channels * reader.dtype.itemsize / 2**30
+    if n < blocks:
+        what = (f"({blocks:.3g} blocks of the usual size): chunks={{}} gives {n:.3g} blocks of "
+                f"{shape} voxels ({gib:.3g} GiB each) so that dask's graph stays small, too "
+                f"large for a computation over whole blocks: compute selections only")
+    else:
+        what = (f"({preferred!r} preferred chunks): chunks={{}} gives {n:.3g} dask tasks, and "
+                f"dask handles every one of them whatever is computed")
+    warnings.warn(f"scale {reader.scale_info.key!r} of {reader.url} is huge {what}. Select "
+                  f"first: open without chunks=, select with .isel(x=..., y=..., z=...), then "
+                  f".chunk()", HugeGraphWarning, stacklevel=2)
 
 
 def _cluster_scheduler() -> bool:
@@ -255,13 +301,14 @@ def _dask_target_bytes() -> int:
     return int(parse_bytes(dask.config.get("array.chunk-size")))
 
 
-def storage_encoding(reader: ScaleReader, preferred: str | None = None) -> dict[str, Any]:
+def storage_encoding(reader: ScaleReader, preferred: str | None = None,
+                     block: tuple[int, ...] | None = None) -> dict[str, Any]:
     """What goes to a variable's `.encoding`. `preferred_chunks` is `preferred_chunk_shape`: what
     `chunks={}` follows, and what xarray checks sizes given in `chunks=` against (it warns where
     they split one; with the default blocks that includes sizes that split no storage chunk, so
     pass `preferred_chunks="chunk"` to have them checked against the storage chunks)."""
     info, scale = reader.info, reader.scale_info
-    block = preferred_chunk_shape(reader, preferred)
+    block = preferred_chunk_shape(reader, preferred) if block is None else block
     enc: dict[str, Any] = {
         "preferred_chunks": dict(zip(DIMS, (*block, info.num_channels))),
         "dtype": reader.dtype,
@@ -294,11 +341,16 @@ def _looks_like_volume_dir(path: str) -> bool:
 
 
 def _open_volume(filename_or_obj, fill_missing, storage_options, info,
-                 missing_count=None, context=None) -> Volume:
+                 missing_count=None, context=None, chunk_cache=None) -> Volume:
+    if chunk_cache is not None and not (callable(getattr(chunk_cache, "get", None))
+                                        and callable(getattr(chunk_cache, "put", None))):
+        raise ArgumentError(f"chunk_cache must have get(key) and put(key, value, nbytes), got "
+                            f"{type(chunk_cache).__name__}")
     return Volume.open(os.fspath(filename_or_obj), info=info,
                        storage_options=check_options(storage_options),
                        fill_missing=check_bool("fill_missing", fill_missing),
-                       missing_count=check_count(missing_count), context=context)
+                       missing_count=check_count(missing_count), context=context,
+                       chunk_cache=chunk_cache)
 
 
 class PrecomputedBackendEntrypoint(BackendEntrypoint):
@@ -308,6 +360,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
     open_dataset_parameters = ("filename_or_obj", "scale", "group", "fill_missing",
                                "storage_options", "chunk_size_index", "info", "drop_variables",
                                "preferred_chunks", "order", "missing_count", "context",
+                               "chunk_cache",
                                *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, scale: Any = None, group: str | None = None,
@@ -316,6 +369,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                      drop_variables: str | Iterable[str] | None = None,
                      preferred_chunks: str | None = None, order: str | None = None,
                      missing_count: MissingCount | None = None, context: Any = None,
+                     chunk_cache: Any = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
@@ -331,13 +385,15 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         every other read, `.values` included). xarray does not tell engines about `chunks=`, so
         neither depends on it. `missing_count` (a `MissingCount`) counts the missing chunks the
         dataset's reads fill with 0. `context` (an `xarray_precomputed.Context`) holds the
-        threads, caches and counters its reads use (None: the default context where they run).
-        The decoding arguments are accepted for xarray's sake and change nothing."""
+        threads, caches and counters its reads use (None: the default context where they run);
+        `chunk_cache` (a `util.ChunkCache`, or any object with `get`/`put`) keeps decoded chunks
+        for reads that overlap, in place of the context's. The decoding arguments are accepted
+        for xarray's sake and change nothing."""
         if not isinstance(chunk_size_index, (int, np.integer)) or isinstance(chunk_size_index, bool):
             raise ArgumentError(f"chunk_size_index must be an int, got {chunk_size_index!r}")
         try:
             vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
-                               context)
+                               context, chunk_cache)
         except InfoError:
             other = open_other_kind(os.fspath(filename_or_obj), storage_options, info)
             if other is None:
@@ -382,19 +438,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                 props, storage_options=storage_options)
         return groups
 
-    def open_datatree(self, filename_or_obj, *, group: str | None = None,
-                      fill_missing: bool = True, storage_options: dict | None = None,
-                      info: Any = None, drop_variables: str | Iterable[str] | None = None,
-                      preferred_chunks: str | None = None, order: str | None = None,
-                      missing_count: MissingCount | None = None, context: Any = None,
-                      mask_and_scale: Any = None, decode_times: Any = None,
-                      decode_timedelta: Any = None, use_cftime: Any = None,
-                      concat_characters: Any = None, decode_coords: Any = None) -> xr.DataTree:
-        return xr.DataTree.from_dict(self.open_groups_as_dict(
-            filename_or_obj, group=group, fill_missing=fill_missing,
-            storage_options=storage_options, info=info, drop_variables=drop_variables,
-            preferred_chunks=preferred_chunks, order=order, missing_count=missing_count,
-            context=context))
+    open_datatree = datatree_opener(open_groups_as_dict)
 
     def guess_can_open(self, filename_or_obj) -> bool:
         """Without I/O for a URL: Neuroglancer's data-source forms (`precomputed://<url>`,

@@ -3,7 +3,8 @@ per scale, as the dict `open_groups_as_dict` returns; `group=` keeps one scale a
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import inspect
+from typing import Any, Callable, Iterable
 
 import xarray as xr
 
@@ -22,3 +23,15 @@ def scale_groups(root: xr.Dataset, scales: Iterable[int],
         if wanted is None or k == wanted:
             groups[f"/s{k}"] = drop(make_dataset(k), drop_variables)
     return subtree(groups, group)
+
+
+def datatree_opener(open_groups: Callable[..., dict[str, xr.Dataset]]) -> Callable[..., xr.DataTree]:
+    """An engine's `open_datatree`: the tree of what its `open_groups_as_dict` returns, taking
+    the same arguments (that method's signature, so unknown ones raise TypeError there and
+    introspection lists every one)."""
+    def open_datatree(self, filename_or_obj, **kwargs: Any) -> xr.DataTree:
+        return xr.DataTree.from_dict(open_groups(self, filename_or_obj, **kwargs))
+
+    open_datatree.__signature__ = inspect.signature(open_groups)  # type: ignore[attr-defined]
+    open_datatree.__doc__ = "The DataTree of `open_groups_as_dict` (the same arguments)."
+    return open_datatree

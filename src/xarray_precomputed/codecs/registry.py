@@ -79,9 +79,10 @@ class Codec:
     streams_blocks: bool = False
     # A stored chunk is its voxels as they are (little-endian, Fortran order, no header).
     plain: bool = False
-    # The decoder `reading/_chunk_batch.c` holds for this encoding (its numbering; see
-    # reading/batched.py), or None: chunks of it are decoded one by one through `decoder()`.
-    batch_kind: int | None = None
+    # The decoder `reading/_chunk_batch.c` holds for this encoding, by the name of its constant
+    # (KIND_RAW: "raw", KIND_CSEG: "cseg"), or None: chunks of it are decoded one by one through
+    # `decoder()`.
+    batch_kind: str | None = None
 
     def fits(self, data_type: str, num_channels: int) -> bool:
         """Whether this encoding can store `num_channels` channels of `data_type`."""
@@ -157,9 +158,9 @@ ZFPC_OPTIONS = ("zfpc_tolerance", "zfpc_rate", "zfpc_precision", "zfpc_correlate
 # Data type and channel rules are those TensorStore and Neuroglancer enforce (see
 # shared/specs/reference-behaviour.md); jxl's and compresso's follow CloudVolume's writers.
 CODECS: dict[str, Codec] = {c.name: c for c in (
-    Codec("raw", _ours("raw"), writable=True, plain=True, batch_kind=0),
+    Codec("raw", _ours("raw"), writable=True, plain=True, batch_kind="raw"),
     Codec("compressed_segmentation", _ours("compressed_segmentation"), ("uint32", "uint64"),
-          writable=True, encode_options=("block_size",), streams_blocks=True, batch_kind=1),
+          writable=True, encode_options=("block_size",), streams_blocks=True, batch_kind="cseg"),
     Codec("jpeg", _ours("jpeg"), ("uint8",), (1, 3), package="simplejpeg", extra="jpeg",
           writable=True, encode_options=("jpeg_quality",), recorded_options=("jpeg_quality",),
           shard_gzip=False),

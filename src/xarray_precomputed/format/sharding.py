@@ -32,7 +32,36 @@ def hash_ids(chunk_ids, spec: ShardingSpec) -> np.ndarray:
     shifted = ids >> np.uint64(spec.preshift_bits) if spec.preshift_bits < 64 else np.zeros_like(ids)
     if spec.hash == "identity":
         return shifted
+    if len(shifted) == 1:  # one key (a skeleton or mesh by id): ~30 numpy calls cost ~150 us
+        return np.array([_murmur3_low64_one(int(shifted[0]))], np.uint64)
     return _murmur3_x86_128_low64(shifted)
+
+
+def _fmix32_one(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def _murmur3_low64_one(key: int) -> int:
+    """`_murmur3_x86_128_low64` of one key, in Python ints."""
+    m = 0xFFFFFFFF
+    k1, k2 = key & m, key >> 32
+    k2 = (k2 * 0xAB0E9789) & m
+    h2 = ((((k2 << 16) | (k2 >> 16)) & m) * 0x38B34AE5) & m
+    k1 = (k1 * 0x239B961B) & m
+    h1 = ((((k1 << 15) | (k1 >> 17)) & m) * 0xAB0E9789) & m
+    h1 ^= 8
+    h2 ^= 8
+    h3 = h4 = 8
+    h1 = (h1 + h2 + h3 + h4) & m
+    h2, h3, h4 = (h2 + h1) & m, (h3 + h1) & m, (h4 + h1) & m
+    h1, h2, h3, h4 = _fmix32_one(h1), _fmix32_one(h2), _fmix32_one(h3), _fmix32_one(h4)
+    h1 = (h1 + h2 + h3 + h4) & m
+    h2 = (h2 + h1) & m
+    return h1 | (h2 << 32)
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:
@@ -129,6 +158,11 @@ def parse_shard_index_entry(buf: bytes | memoryview, *, where: str) -> tuple[int
     return start, end
 
 
+def inflates_with_libdeflate() -> bool:
+    """Whether `decode_gzip` has libdeflate (the `deflate` package) to inflate with."""
+    return _deflate is not None
+
+
 def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray:
     """gzip (or zlib) decompression that stops at `limit` bytes: a bomb cannot exhaust memory.
 
@@ -186,26 +220,29 @@ def parse_minishard_index(buf: bytes, shard_index_end: int, *, file_size: int | 
     ids_delta, start_delta, sizes = a[0], a[1], a[2]
     if n and (int(sizes.max()) >= 1 << 62 or int(start_delta.max()) >= 1 << 62):
         raise ShardFormatError("minishard index holds an impossible offset or size", chunk=where)
-    ids = np.cumsum(ids_delta, dtype=np.uint64)
     if n > 1 and int(ids_delta[1:].min(initial=1)) == 0 or (n and _wrapped(ids_delta)):
         raise ShardFormatError("minishard index chunk ids are not strictly increasing", chunk=where)
-    starts = np.empty(n, dtype=np.int64)
-    ends = np.empty(n, dtype=np.int64)
-    pos = shard_index_end
-    sd = start_delta.tolist()
-    sz = sizes.tolist()
-    for i in range(n):
-        s = pos + sd[i]
-        e = s + sz[i]
-        if e >= 1 << 62 or (file_size is not None and e > file_size):
-            raise ShardFormatError(
-                f"chunk {int(ids[i])} data [{s}, {e}) lies past the end of the shard file"
-                + (f" ({file_size} bytes)" if file_size is not None else ""), chunk=where)
-        starts[i], ends[i] = s, e
-        pos = e
-    order = np.argsort(ids, kind="stable")
-    return MinishardIndex(ids[order], starts[order], ends[order])
+    ids = np.cumsum(ids_delta, dtype=np.uint64)
+    # Each step is below 2**63, so the running offsets are exact in int64 while their float sum
+    # stays below 2**61 (past that, no file could hold them).
+    steps = start_delta + sizes
+    if n and float(steps.astype(np.float64).sum()) + shard_index_end >= 2.0 ** 61:
+        raise ShardFormatError("minishard index data lies past the end of any shard file",
+                               chunk=where)
+    ends = np.cumsum(steps.astype(np.int64)) + shard_index_end
+    starts = ends - sizes.astype(np.int64)
+    if n and file_size is not None and int(ends[-1]) > file_size:
+        i = int(np.argmax(ends > file_size))
+        raise ShardFormatError(
+            f"chunk {int(ids[i])} data [{int(starts[i])}, {int(ends[i])}) lies past the end of "
+            f"the shard file ({file_size} bytes)", chunk=where)
+    # strictly increasing ids: already in lookup order
+    return MinishardIndex(ids, starts, ends)
 
 
 def _wrapped(deltas: np.ndarray) -> bool:
+    # The float sum decides unless it lies within its rounding of 2**64; then Python ints do.
+    total = float(deltas.astype(np.float64).sum())
+    if abs(total - 2.0 ** 64) > 2.0 ** 64 * 1e-9 * max(1, len(deltas)):
+        return total > 2.0 ** 64
     return sum(int(x) for x in deltas.tolist()) > _U64_MASK

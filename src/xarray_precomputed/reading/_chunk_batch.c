@@ -54,10 +54,20 @@
 #include "cseg_decode.h"
 #include "fortran_copy.h"
 
+/* The decoders a batch can name, and the columns of a geometry row: their one definition. The
+ * module exports each as an integer constant (KIND_RAW, GEOM_DEST, ...) and Python builds rows and
+ * picks kinds by those names (reading/batched.py), so a column cannot shift on one side only. */
 enum { KIND_RAW = 0, KIND_CSEG = 1 };
+enum {
+    G_DEST = 0,     /* x y z: where the chunk's voxels go in out */
+    G_ORIGIN = 3,   /* x y z: where they start in the chunk */
+    G_EXTENT = 6,   /* x y z: how many */
+    G_SHAPE = 9,    /* x y z: the chunk's shape (clipped at the volume's edge) */
+    G_CHANNEL = 12, /* the first channel of out they go to */
+    GEOM = 13       /* columns */
+};
 enum { ST_PLACED = 0, ST_ABSENT = 1 };
 #define MSG 320
-#define GEOM 13 /* columns of a geometry row */
 
 static PyObject *ChunkDataError;
 
@@ -193,18 +203,25 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
 #endif
 }
 
+/* Where a geometry row's voxels start in `out`. */
+static char *dest_of(const batch *B, const int64_t *g)
+{
+    return B->out + g[G_DEST] * B->st[0] + g[G_DEST + 1] * B->st[1] + g[G_DEST + 2] * B->st[2] +
+           g[G_CHANNEL] * B->st[3];
+}
+
 /* Zeros into the destination region of one chunk (a missing chunk). */
 static void zero_region(batch *B, const int64_t *g)
 {
-    char *base = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2] + g[12] * B->st[3];
+    char *base = dest_of(B, g);
     for (Py_ssize_t c = 0; c < B->nc; c++)
-        for (int64_t z = 0; z < g[8]; z++)
-            for (int64_t y = 0; y < g[7]; y++) {
+        for (int64_t z = 0; z < g[G_EXTENT + 2]; z++)
+            for (int64_t y = 0; y < g[G_EXTENT + 1]; y++) {
                 char *row = base + c * B->st[3] + z * B->st[2] + y * B->st[1];
                 if (B->st[0] == B->es)
-                    memset(row, 0, (size_t)(g[6] * B->es));
+                    memset(row, 0, (size_t)(g[G_EXTENT] * B->es));
                 else
-                    for (int64_t x = 0; x < g[6]; x++)
+                    for (int64_t x = 0; x < g[G_EXTENT]; x++)
                         memset(row + x * B->st[0], 0, (size_t)B->es);
             }
 }
@@ -220,26 +237,36 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
         data = B->scratch;
         len = n;
     }
-    char *dst = B->out + g[0] * B->st[0] + g[1] * B->st[1] + g[2] * B->st[2] + g[12] * B->st[3];
+    char *dst = dest_of(B, g);
     if (B->kind == KIND_RAW) {
-        uint64_t need = (uint64_t)g[9] * (uint64_t)g[10] * (uint64_t)g[11] * (uint64_t)B->nc *
-                        (uint64_t)B->es; /* < 2^48: check_geom */
+        const int64_t *shape = g + G_SHAPE, *ext = g + G_EXTENT, *org = g + G_ORIGIN;
+        uint64_t need = (uint64_t)shape[0] * (uint64_t)shape[1] * (uint64_t)shape[2] *
+                        (uint64_t)B->nc * (uint64_t)B->es; /* < 2^48: check_geom */
         if (len != need) {
             snprintf(msg, MSG,
                      "raw chunk is %llu bytes, expected %llu for shape [%lld, %lld, %lld] x %zd "
                      "channel(s) of %s", (unsigned long long)len, (unsigned long long)need,
-                     (long long)g[9], (long long)g[10], (long long)g[11], B->nc, B->dtype_name);
+                     (long long)shape[0], (long long)shape[1], (long long)shape[2], B->nc,
+                     B->dtype_name);
             return -1;
         }
-        Py_ssize_t ssy = g[9], ssz = g[9] * g[10], ssc = ssz * g[11];
-        const char *src = (const char *)data + B->es * (g[3] + g[4] * ssy + g[5] * ssz);
+        Py_ssize_t ssy = shape[0], ssz = shape[0] * shape[1], ssc = ssz * shape[2];
+        const char *src = (const char *)data + B->es * (org[0] + org[1] * ssy + org[2] * ssz);
         if (B->st[0] == B->es)
-            copy_rows(src, dst, g[6], g[7], g[8], B->nc, ssy, ssz, ssc, B->st, B->es, B->stream);
+            copy_rows(src, dst, ext[0], ext[1], ext[2], B->nc, ssy, ssz, ssc, B->st, B->es, B->stream);
         else switch (B->es) {
-        case 1: copy_transposed(src, dst, g[6], g[7], g[8], B->nc, ssy, ssz, ssc, B->st, 1, B->stream); break;
-        case 2: copy_transposed(src, dst, g[6], g[7], g[8], B->nc, ssy, ssz, ssc, B->st, 2, B->stream); break;
-        case 4: copy_transposed(src, dst, g[6], g[7], g[8], B->nc, ssy, ssz, ssc, B->st, 4, B->stream); break;
-        default: copy_transposed(src, dst, g[6], g[7], g[8], B->nc, ssy, ssz, ssc, B->st, 8, B->stream); break;
+        case 1:
+            copy_transposed(src, dst, ext[0], ext[1], ext[2], B->nc, ssy, ssz, ssc, B->st, 1, B->stream);
+            break;
+        case 2:
+            copy_transposed(src, dst, ext[0], ext[1], ext[2], B->nc, ssy, ssz, ssc, B->st, 2, B->stream);
+            break;
+        case 4:
+            copy_transposed(src, dst, ext[0], ext[1], ext[2], B->nc, ssy, ssz, ssc, B->st, 4, B->stream);
+            break;
+        default:
+            copy_transposed(src, dst, ext[0], ext[1], ext[2], B->nc, ssy, ssz, ssc, B->st, 8, B->stream);
+            break;
         }
         return 0;
     }
@@ -248,10 +275,10 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
     memset(&G, 0, sizeof G);
     memset(&err, 0, sizeof err);
     for (int a = 0; a < 3; a++) {
-        G.s[a] = g[9 + a];
+        G.s[a] = g[G_SHAPE + a];
         G.b[a] = B->block[a];
-        G.o[a] = g[3 + a];
-        G.n[a] = g[6 + a];
+        G.o[a] = g[G_ORIGIN + a];
+        G.n[a] = g[G_EXTENT + a];
     }
     for (int a = 0; a < 4; a++)
         G.st[a] = B->st[a];
@@ -307,7 +334,7 @@ static int setup(batch *B, PyObject *out_obj, int kind, const char *dtype_name, 
                 return -1;
             }
     } else {
-        PyErr_SetString(PyExc_ValueError, "kind must be 0 (raw) or 1 (compressed_segmentation)");
+        PyErr_SetString(PyExc_ValueError, "kind must be KIND_RAW or KIND_CSEG");
         return -1;
     }
     if (channels < 0 || channels > PyArray_DIM(out, 3)) {
@@ -344,21 +371,22 @@ static int check_geom(const batch *B, PyArrayObject *out, const int64_t *geom, n
 {
     for (npy_intp i = 0; i < n; i++) {
         const int64_t *g = geom + GEOM * i;
-        if (g[12] < 0 || g[12] > PyArray_DIM(out, 3) - B->nc) {
+        if (g[G_CHANNEL] < 0 || g[G_CHANNEL] > PyArray_DIM(out, 3) - B->nc) {
             PyErr_Format(PyExc_ValueError, "geometry row %zd: channels outside out", (Py_ssize_t)i);
             return -1;
         }
         /* a chunk's bytes (shape x channels x item size) fit far inside the address space */
         uint64_t bytes = (uint64_t)B->nc * (uint64_t)B->es;
         for (int a = 0; a < 3; a++)
-            bytes = sat_mul(bytes, g[9 + a] < 0 ? 0 : (uint64_t)g[9 + a]);
+            bytes = sat_mul(bytes, g[G_SHAPE + a] < 0 ? 0 : (uint64_t)g[G_SHAPE + a]);
         if (bytes > ((uint64_t)1 << 48)) {
             PyErr_Format(PyExc_ValueError, "geometry row %zd: a chunk of that shape is too large",
                          (Py_ssize_t)i);
             return -1;
         }
         for (int a = 0; a < 3; a++) {
-            int64_t dest = g[a], org = g[3 + a], ext = g[6 + a], shape = g[9 + a];
+            int64_t dest = g[G_DEST + a], org = g[G_ORIGIN + a], ext = g[G_EXTENT + a],
+                    shape = g[G_SHAPE + a];
             if (shape < 0 || shape > CSEG_DIM_LIMIT || ext < 0 || dest < 0 || org < 0 ||
                 org > shape || ext > shape - org || dest > PyArray_DIM(out, a) ||
                 ext > PyArray_DIM(out, a) - dest) {
@@ -600,9 +628,9 @@ static int stored_run(const batch *B, const int64_t *g)
     if (B->kind != KIND_RAW || B->gzip)
         return 0;
     Py_ssize_t step = B->es;
-    int64_t ext[4] = {g[6], g[7], g[8], (int64_t)B->nc};
+    int64_t ext[4] = {g[G_EXTENT], g[G_EXTENT + 1], g[G_EXTENT + 2], (int64_t)B->nc};
     for (int a = 0; a < 3; a++)
-        if (g[3 + a] != 0 || g[6 + a] != g[9 + a])
+        if (g[G_ORIGIN + a] != 0 || g[G_EXTENT + a] != g[G_SHAPE + a])
             return 0;
     for (int a = 0; a < 4; a++) {
         if (ext[a] > 1 && B->st[a] != step)
@@ -688,8 +716,10 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
                     snprintf(msg, MSG,
                              "raw chunk is %lld bytes, expected %llu for shape [%lld, %lld, %lld] "
                              "x %zd channel(s) of %s", (long long)size,
-                             (unsigned long long)g[9] * g[10] * g[11] * B.nc * B.es,
-                             (long long)g[9], (long long)g[10], (long long)g[11], B.nc,
+                             (unsigned long long)g[G_SHAPE] * g[G_SHAPE + 1] * g[G_SHAPE + 2] * B.nc *
+                                 B.es,
+                             (long long)g[G_SHAPE], (long long)g[G_SHAPE + 1],
+                             (long long)g[G_SHAPE + 2], B.nc,
                              B.dtype_name);
                 else
                     snprintf(msg, MSG, "chunk file is %lld bytes, more than any chunk of this "
@@ -700,9 +730,9 @@ static PyObject *read_chunk_files(PyObject *self, PyObject *args)
             }
             int64_t got;
             if (stored_run(&B, g) &&
-                (uint64_t)size == (uint64_t)g[9] * g[10] * g[11] * B.nc * B.es) {
-                char *dst = B.out + g[0] * B.st[0] + g[1] * B.st[1] + g[2] * B.st[2] +
-                            g[12] * B.st[3];
+                (uint64_t)size ==
+                    (uint64_t)g[G_SHAPE] * g[G_SHAPE + 1] * g[G_SHAPE + 2] * B.nc * B.es) {
+                char *dst = dest_of(&B, g);
                 got = read_all(f.fd, dst, size);
                 if (got == size) {
                     close_file(f.fd);
@@ -802,6 +832,15 @@ PyMODINIT_FUNC PyInit__chunk_batch(void)
         return NULL;
     }
     Py_INCREF(ChunkDataError);
+    static const struct { const char *name; long value; } constants[] = {
+        {"KIND_RAW", KIND_RAW}, {"KIND_CSEG", KIND_CSEG}, {"GEOM_DEST", G_DEST},
+        {"GEOM_ORIGIN", G_ORIGIN}, {"GEOM_EXTENT", G_EXTENT}, {"GEOM_SHAPE", G_SHAPE},
+        {"GEOM_CHANNEL", G_CHANNEL}, {"GEOM_COLUMNS", GEOM}};
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
 #ifdef XP_HAVE_ZLIB
     if (PyModule_AddIntConstant(m, "HAVE_ZLIB", 1) < 0) {
 #else

@@ -27,6 +27,7 @@ from ..errors import MissingChunkError, PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, settle, wait_all
+from .chunk_cache import ChunkCacheLike, read_through
 from .missing import record_filled
 from .result_memory import ResultMemory
 from .selection import (
@@ -191,6 +192,8 @@ class ChunkedScaleReader(ABC):
         self.fill_missing = fill_missing
         # the token of the MissingCount that counts this reader's missing chunks (reading.missing)
         self.missing_count: str | None = None
+        # decoded chunks kept for reads that overlap (chunk_cache.py); per process, not pickled
+        self.chunk_cache: ChunkCacheLike | None = None
         self.chunk_size_index = chunk_size_index
         self.chunk_size: tuple[int, int, int] = scale.chunk_sizes[chunk_size_index]
         self.grid_shape = scale.grid_shape(chunk_size_index)
@@ -332,6 +335,9 @@ class ChunkedScaleReader(ABC):
         out, zeroed = allocate_result((*selection_shape(sel), self.info.num_channels), self.dtype,
                                       order)
         if out.size == 0:
+            return out
+        cache = self.chunk_cache if self.chunk_cache is not None else self.context.chunk_cache
+        if cache is not None and read_through(self, cache, sel, out):
             return out
         with running_reads.running() as crowded:
             if self._read_batched(sel, out, zeroed, inline=crowded):

@@ -35,6 +35,7 @@ from .base import (
     pipeline,
     running_reads,
 )
+from .chunk_cache import ChunkCacheLike
 from .missing import MissingCount, record_filled
 
 # A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
@@ -50,7 +51,7 @@ class Volume:
 
     def __init__(self, url: str, info: VolumeInfo, *, storage_options: dict | None = None,
                  fill_missing: bool = True, missing_count: MissingCount | None = None,
-                 context: Context | None = None):
+                 context: Context | None = None, chunk_cache: ChunkCacheLike | None = None):
         self.url = strip_scheme_prefix(url)
         # None: each scale's reads use the default context where they run (context.py)
         self.context = None if context is None else resolve(context)
@@ -58,14 +59,18 @@ class Volume:
         self.storage_options = dict(storage_options or {})
         self.fill_missing = fill_missing
         self.missing_count = missing_count
+        self.chunk_cache = chunk_cache
 
     @classmethod
     def open(cls, url: str, *, storage_options: dict | None = None, fill_missing: bool = True,
              info: Any = None, missing_count: MissingCount | None = None,
-             context: Context | None = None) -> "Volume":
+             context: Context | None = None,
+             chunk_cache: ChunkCacheLike | None = None) -> "Volume":
         """Open a volume; `info` (a mapping or JSON text) replaces the stored `info` file;
         `missing_count` counts the missing chunks its reads fill with 0; `context` (a
-        `Context`) holds the threads, caches and counters its reads use (None: the default)."""
+        `Context`) holds the threads, caches and counters its reads use (None: the default);
+        `chunk_cache` (a `util.ChunkCache`, or any object with `get`/`put`) keeps decoded chunks
+        for box reads that overlap, in place of the context's."""
         url = strip_scheme_prefix(str(url))
         context = None if context is None else resolve(context)
         source = None
@@ -77,7 +82,7 @@ class Volume:
             info, source = text, store.describe("info")
         parsed = info if isinstance(info, VolumeInfo) else parse_info(info, source=source)
         return cls(url, parsed, storage_options=storage_options, fill_missing=fill_missing,
-                   missing_count=missing_count, context=context)
+                   missing_count=missing_count, context=context, chunk_cache=chunk_cache)
 
     @property
     def scales(self) -> tuple[ScaleInfo, ...]:
@@ -92,6 +97,7 @@ class Volume:
                              context=self.context if context is None else context)
         if self.missing_count is not None:
             reader.missing_count = self.missing_count.token
+        reader.chunk_cache = self.chunk_cache
         return reader
 
     def __repr__(self) -> str:
@@ -400,9 +406,13 @@ class ScaleReader(ChunkedScaleReader):
         file stored compressed beside its key) and decoded. `geom` rows as in batched.py. The
         rows whose chunk is missing."""
         missing = []
+        G = batched.GEOM
+        assert G is not None
+        nc = self.info.num_channels
         for row, (cell, g) in enumerate(zip(cells, geom.tolist())):
-            nc = self.info.num_channels
-            view = out[(*(slice(d, d + e) for d, e in zip(g[0:3], g[6:9])), slice(g[12], g[12] + nc))]
+            dest, ext = g[G.dest:G.dest + 3], g[G.extent:G.extent + 3]
+            view = out[(*(slice(d, d + e) for d, e in zip(dest, ext)),
+                        slice(g[G.channel], g[G.channel] + nc))]
             blob = self.store.read(self._unsharded_key(cell), limit=self._max_stored_bytes())
             if blob is None:
                 if not self.fill_missing:
@@ -413,7 +423,8 @@ class ScaleReader(ChunkedScaleReader):
                     view[...] = 0
                 missing.append(row)
                 continue
-            self._decode(blob, view, origin=tuple(g[3:6]), chunk_shape=tuple(g[9:12]),
+            self._decode(blob, view, origin=tuple(g[G.origin:G.origin + 3]),
+                         chunk_shape=tuple(g[G.shape:G.shape + 3]),
                          chunk=Lazy(self._describe_unsharded, cell), stream=stream)
         return missing
 

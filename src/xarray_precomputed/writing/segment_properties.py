@@ -149,6 +149,7 @@ def _columns(data: Any):
     import pandas as pd
 
     cols: list[tuple[str, np.ndarray, dict]] = []
+    tag_sets: list[tuple[str, np.ndarray, list[str], Any]] = []
     if isinstance(data, pd.DataFrame):
         for name in data.columns:
             s = data[name]
@@ -163,7 +164,6 @@ def _columns(data: Any):
                                   f"{type(data).__name__}")
     if "segment" not in data.dims:
         raise WriterArgumentError("the Dataset has no `segment` dimension")
-    tag_sets: list[tuple[str, np.ndarray, list[str], Any]] = []
     for name, var in data.data_vars.items():
         if var.dims == ("segment",):
             cols.append((str(name), _values(var.values, str(name)), dict(var.attrs)))
