@@ -104,7 +104,8 @@ def slow_init(self, *a, **k):
     time.sleep(0.05)                  # widen the window between 'no pool yet' and 'pool made'
     real_init(self, *a, **k)
 cft.ThreadPoolExecutor.__init__ = slow_init
-from xarray_precomputed.export.shard_encoder import encode_pool
+from xarray_precomputed import Context
+encode_pool = Context().encode_pool
 n = 48
 barrier, got = threading.Barrier(n), []
 def first_use():
@@ -120,8 +121,8 @@ print(len(got), len({id(p) for p in got}), sum('encode' in (p or '') for p in ma
 
 
 def test_encode_pool_first_use_from_many_threads_makes_one_pool():
-    """Shard tasks running at once on dask threads all ask for the encoding pool first: one
-    pool is made and shared (a race made one per task, their threads never shut down)."""
+    """Shard tasks running at once on dask threads all ask their context's encoding pool first:
+    one pool is made and shared (a race made one per task, their threads never shut down)."""
     out = subprocess.run([sys.executable, "-c", POOL_RACE], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

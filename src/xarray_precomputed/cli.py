@@ -293,6 +293,8 @@ def _source_kwargs(args, engine: str) -> dict[str, Any]:
         kw["fill_missing"] = False
     if getattr(args, "missing_count", None) is not None:
         kw["missing_count"] = args.missing_count
+    if getattr(args, "context", None) is not None:
+        kw["context"] = args.context
     return kw
 
 
@@ -361,11 +363,32 @@ def _write_report(show: bool):
     return WriteReport(ProgressBar() if show else None)
 
 
+def _context(threads: int | None):
+    """The conversion's context: `--threads N` decodes and encodes on N threads; without it,
+    the default context (sized from the CPUs this process may use)."""
+    if threads is None:
+        return None
+    from .context import Context
+
+    return Context(decode_threads=threads, encode_threads=threads)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
+
 def cmd_convert(args) -> int:
     from .reading.missing import MissingCount
 
     engine = args.engine or _guess_engine(args.src)
     args.missing_count = MissingCount()  # this conversion's own count
+    args.context = _context(args.threads)
     if args.to == "zarr":
         from .export.ome_zarr import to_ome_zarr
 
@@ -375,7 +398,7 @@ def cmd_convert(args) -> int:
             scales=args.scale, shard_shape=args.shard_shape,
             max_shard_bytes=args.max_shard_bytes, compressor=args.compressor, level=args.level,
             overwrite=args.overwrite, verify=args.verify, progress=args.progress,
-            scheduler=args.scheduler, num_workers=args.workers,
+            scheduler=args.scheduler, num_workers=args.workers, context=args.context,
             name=args.name or args.src.rstrip("/").rsplit("/", 1)[-1],
             storage_options=args.dst_storage_options)
         print(report)
@@ -386,7 +409,10 @@ def cmd_convert(args) -> int:
 
     tree = _open_source(args, engine)
     obj = tree
+    props = None  # the whole tree's segment properties go along by default
     if args.scale is not None:
+        if "segment_properties" in tree.children:
+            props = tree["segment_properties"].to_dataset(inherit=False)
 
         names = []
         for w in args.scale:
@@ -406,7 +432,8 @@ def cmd_convert(args) -> int:
                        compressed_segmentation_block_size=args.cseg_block_size,
                        storage_options=args.dst_storage_options, overwrite=args.overwrite,
                        num_workers=args.workers, coarser_scales=args.coarser_scales,
-                       progress=written, encoding_options=args.encoding_options)
+                       progress=written, encoding_options=args.encoding_options,
+                       context=args.context, segment_properties=props)
     finally:
         written.close_bar()
     print(written.summary(args.dst))
@@ -461,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the destination instead of resuming it")
     c.add_argument("--workers", type=int, default=None,
                    help="worker threads (processes with --scheduler processes); default the CPUs")
+    c.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="threads that decode the source and encode chunks (default: from the "
+                        "CPUs this process may use: its affinity and cgroup quota)")
     c.add_argument("--no-fill-missing", dest="fill_missing", action="store_false",
                    help="stop with an error at the first chunk absent from the source (default: "
                         "read it as 0 and count it in the report)")

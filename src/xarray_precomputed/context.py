@@ -1,8 +1,9 @@
 """Resources the user owns: threads, caches, open stores and counters, held by a `Context`.
 
 A `Context` holds what reads (and the writers and exporter, through the stores they open) share:
-- the decode pool (`decode_threads`) and the pool of threads that wait on remote stores
-  (`io_threads`, requests or request batches in flight at once);
+- the decode pool (`decode_threads`), the pool of threads that wait on remote stores
+  (`io_threads`, requests or request batches in flight at once) and the threads that encode
+  chunks for the writers and the exporter (`encode_threads`);
 - the shard-index cache (minishard indices and each shard file's form, `shard_index_cache_bytes`);
 - an optional cache of decoded chunks (`chunk_cache_bytes`; None or 0: none);
 - the cache of whole decoded objects (Content-Encoded objects, CloudFiles' `<key>.gz` files) that
@@ -143,6 +144,12 @@ def dask_worker() -> Any:
         return None
 
 
+def encode_threads_for(cpus: int) -> int:
+    """The writers' default encoding threads for `cpus` CPUs: one per CPU (encoding only
+    computes, and each write task holds a block of voxels)."""
+    return max(1, cpus)
+
+
 def decode_threads_for(cpus: int) -> int:
     """The decode pool's default size for `cpus` CPUs: twice as many threads (local reads wait
     on the disk too), at least 4."""
@@ -247,18 +254,21 @@ class Context:
 
     `decode_threads`: the decode pool (default: twice the CPUs this process may use, at least 4;
     in a dask worker's task, twice its threads). `io_threads`: remote requests in flight at once
-    (default 32). `shard_index_cache_bytes`: cached shard and minishard indices (256 MiB).
+    (default 32). `encode_threads`: the threads the writers encode and write on, and the
+    exporter's chunk-encoding pool (default: the CPUs; a writer's `num_workers=` wins).
+    `shard_index_cache_bytes`: cached shard and minishard indices (256 MiB).
     `chunk_cache_bytes`: decoded chunks kept for later reads (None or 0: none).
     `decoded_object_cache_bytes`: whole decoded objects that byte ranges are cut from (256 MiB).
     Sizes not given are taken where the context is made, or unpickled (module docstring).
     """
 
     def __init__(self, *, decode_threads: int | None = None, io_threads: int | None = None,
-                 shard_index_cache_bytes: int | None = None, chunk_cache_bytes: int | None = None,
-                 decoded_object_cache_bytes: int | None = None) -> None:
+                 encode_threads: int | None = None, shard_index_cache_bytes: int | None = None,
+                 chunk_cache_bytes: int | None = None, decoded_object_cache_bytes: int | None = None) -> None:
         given = {
             "decode_threads": _check_size("decode_threads", decode_threads, least=1),
             "io_threads": _check_size("io_threads", io_threads, least=1),
+            "encode_threads": _check_size("encode_threads", encode_threads, least=1),
             "shard_index_cache_bytes": _check_size("shard_index_cache_bytes",
                                                    shard_index_cache_bytes, least=0),
             "chunk_cache_bytes": _check_size("chunk_cache_bytes", chunk_cache_bytes, least=0),
@@ -277,6 +287,7 @@ class Context:
         self.cpus = cpus
         self.decode_threads = given.get("decode_threads") or decode_threads_for(cpus)
         self.io_threads = given.get("io_threads") or IO_THREADS
+        self.encode_threads = given.get("encode_threads") or encode_threads_for(cpus)
         index_bytes = given.get("shard_index_cache_bytes", SHARD_INDEX_CACHE_BYTES)
         self.shard_index_cache = LRUCache(index_bytes)
         self.shard_form_cache = LRUCache(index_bytes // SHARD_FORM_FRACTION)
@@ -289,6 +300,7 @@ class Context:
         self.index_fetches = Counters()
         self._cpu = ForkSafePool(lambda: self.decode_threads, "xarray-precomputed")
         self._io = ForkSafePool(lambda: self.io_threads, "xarray-precomputed-io")
+        self._encode = ForkSafePool(lambda: self.encode_threads, "xarray-precomputed-encode")
         self._shared: dict[Any, tuple[int, Any]] = {}
         self._shared_lock = threading.Lock()
         if register:
@@ -303,6 +315,11 @@ class Context:
         """Threads that wait on a remote store, so that many requests are in flight whatever
         the core count; decoding stays on cpu_pool()."""
         return self._io.get()
+
+    def encode_pool(self) -> ThreadPoolExecutor:
+        """The exporter's chunk-encoding pool (`encode_threads`), shared by the shard tasks that
+        run at once; made on first use (again in a forked child)."""
+        return self._encode.get()
 
     # -- what it opened
     def shared(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -337,6 +354,7 @@ class Context:
         the context was made)."""
         return {
             "decode_threads": self.decode_threads, "io_threads": self.io_threads,
+            "encode_threads": self.encode_threads,
             "shard_index_cache_bytes": self.shard_index_cache.max_bytes,
             "chunk_cache_bytes": None if self.chunk_cache is None else self.chunk_cache.max_bytes,
             "decoded_object_cache_bytes": self.decoded_object_cache.max_bytes,

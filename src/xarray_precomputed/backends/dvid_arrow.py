@@ -58,12 +58,13 @@ def _scale_dirs_with_arrow(path: str, limit: int = 64) -> list[int]:
     return sorted(found)
 
 
-def present_scales(url: str, n_scales: int, storage_options: dict | None = None) -> list[int]:
+def present_scales(url: str, n_scales: int, storage_options: dict | None = None,
+                   context: Any = None) -> list[int]:
     """The scale indices whose `s<k>/` directory exists in the export."""
     path = _local_path(url)
     if path is not None:
         return [k for k in range(n_scales) if os.path.isdir(os.path.join(path, f"s{k}"))]
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, context=context)
     return [k for k in range(n_scales) if store.has_dir(f"s{k}")]
 
 
@@ -89,47 +90,50 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
     supports_groups = True
     open_dataset_parameters = ("filename_or_obj", "info", "scale", "group", "labels",
                                "fill_missing", "storage_options", "drop_variables",
-                               "missing_count", *DECODER_ARGS)
+                               "missing_count", "context", *DECODER_ARGS)
 
     def open_dataset(self, filename_or_obj, *, info: Any = None, scale: Any = None,
                      group: str | None = None, labels: str = "agglomerated",
                      fill_missing: bool = True, storage_options: dict | None = None,
                      drop_variables: str | Iterable[str] | None = None,
-                     missing_count: MissingCount | None = None,
+                     missing_count: MissingCount | None = None, context: Any = None,
                      mask_and_scale: Any = None, decode_times: Any = None,
                      decode_timedelta: Any = None, use_cftime: Any = None,
                      concat_characters: Any = None, decode_coords: Any = None) -> xr.Dataset:
         """One scale of the export: `scale=` an index, key or resolution, or `group="s<k>"`;
-        `missing_count` (a `MissingCount`) counts the missing chunks its reads fill with 0.
-        The decoding arguments are accepted for xarray's sake and change nothing."""
+        `missing_count` (a `MissingCount`) counts the missing chunks its reads fill with 0;
+        `context` (an `xarray_precomputed.Context`) holds the threads, caches and counters its
+        reads use. The decoding arguments are accepted for xarray's sake and change nothing."""
         from ..dvid.reader import DvidScaleReader, load_info
 
         fill_missing = check_bool("fill_missing", fill_missing)
         storage_options = check_options(storage_options)
-        vi = load_info(info, storage_options=storage_options)
+        vi = load_info(info, storage_options=storage_options, context=context)
         which = pick_scale(scale, group, len(vi.scales))
         reader = DvidScaleReader.open(os.fspath(filename_or_obj), vi, which, labels=labels,
-                                      fill_missing=fill_missing, storage_options=storage_options)
+                                      fill_missing=fill_missing, storage_options=storage_options,
+                                      context=context)
         return drop(dvid_dataset(counted(reader, check_count(missing_count))), drop_variables)
 
     def open_groups_as_dict(self, filename_or_obj, *, info: Any = None, group: str | None = None,
                             labels: str = "agglomerated", fill_missing: bool = True,
                             storage_options: dict | None = None,
                             drop_variables: str | Iterable[str] | None = None,
-                            missing_count: MissingCount | None = None,
+                            missing_count: MissingCount | None = None, context: Any = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
                             decode_coords: Any = None) -> dict[str, xr.Dataset]:
-        """The root `/` and a group `/s<k>` per scale present in the export; `group=` re-roots."""
+        """The root `/` and a group `/s<k>` per scale present in the export; `group=` re-roots;
+        `missing_count` and `context` as for open_dataset."""
         from ..dvid.reader import DvidScaleReader, load_info
 
         fill_missing = check_bool("fill_missing", fill_missing)
         storage_options = check_options(storage_options)
         count = check_count(missing_count)
         url = strip_scheme_prefix(os.fspath(filename_or_obj))
-        vi = load_info(info, storage_options=storage_options)
-        scales = present_scales(url, len(vi.scales), storage_options)
+        vi = load_info(info, storage_options=storage_options, context=context)
+        scales = present_scales(url, len(vi.scales), storage_options, context)
         root = xr.Dataset(attrs={
             "type": vi.type, "data_type": vi.data_type,
             "num_channels": vi.num_channels, "labels": labels,
@@ -139,7 +143,7 @@ class DvidArrowBackendEntrypoint(BackendEntrypoint):
         groups = scale_groups(
             root, scales, lambda k: dvid_dataset(counted(DvidScaleReader(
                 url, vi, vi.scales[k], labels=labels, fill_missing=fill_missing,
-                storage_options=storage_options), count)),
+                storage_options=storage_options, context=context), count)),
             n_scales=len(vi.scales), group=group, drop_variables=drop_variables, what="export")
         return groups
 

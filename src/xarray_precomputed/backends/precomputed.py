@@ -411,15 +411,16 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
                             fill_missing: bool = True, storage_options: dict | None = None,
                             info: Any = None, drop_variables: str | Iterable[str] | None = None,
                             preferred_chunks: str | None = None, order: str | None = None,
-                            missing_count: MissingCount | None = None,
+                            missing_count: MissingCount | None = None, context: Any = None,
                             mask_and_scale: Any = None, decode_times: Any = None,
                             decode_timedelta: Any = None, use_cftime: Any = None,
                             concat_characters: Any = None,
                             decode_coords: Any = None) -> dict[str, xr.Dataset]:
         """The root `/` (volume-wide attrs) and one group `/s<k>` per scale; `group=` re-roots the
-        tree there, as xarray defines it. `preferred_chunks`, `order` and `missing_count` as for
-        open_dataset."""
-        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count)
+        tree there, as xarray defines it. `preferred_chunks`, `order`, `missing_count` and
+        `context` as for open_dataset."""
+        vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
+                           context)
         root = xr.Dataset(attrs={
             "type": vol.info.type, "data_type": vol.info.data_type,
             "num_channels": vol.info.num_channels,

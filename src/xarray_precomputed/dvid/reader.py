@@ -19,9 +19,10 @@ from .shards import ShardBoxes, ShardFiles, block_bytes, max_block_bytes
 
 LABEL_MODES = ("agglomerated", "supervoxels")
 
-def load_info(info: Any, *, storage_options: dict | None = None) -> VolumeInfo:
+def load_info(info: Any, *, storage_options: dict | None = None,
+              context: Context | None = None) -> VolumeInfo:
     """The neuroglancer `info` an export was made from: a VolumeInfo, a mapping, JSON text or
-    bytes, or a path / URL of a JSON file."""
+    bytes, or a path / URL of a JSON file (read through `context`'s store)."""
     if info is None:
         raise InfoError("a DVID export has no info file: pass info= (the neuroglancer info "
                         "the export was made from, as a path or a dict)")
@@ -42,7 +43,7 @@ def load_info(info: Any, *, storage_options: dict | None = None) -> VolumeInfo:
             except FileNotFoundError:
                 raise InfoError(f"info file {path!r} not found") from None
         parent, _, name = url.rstrip("/").rpartition("/")
-        data = open_store(parent, storage_options).read(name)
+        data = open_store(parent, storage_options, context=context).read(name)
         if data is None:
             raise InfoError(f"info file {url!r} not found")
         return parse_info(data)
@@ -78,7 +79,8 @@ class DvidScaleReader(ChunkedScaleReader):
 
     @classmethod
     def open(cls, url: str, info: Any, scale: Any = 0, **kwargs) -> "DvidScaleReader":
-        vi = load_info(info, storage_options=kwargs.get("storage_options"))
+        vi = load_info(info, storage_options=kwargs.get("storage_options"),
+                       context=kwargs.get("context"))
         return cls(url, vi, vi.find_scale(scale), **kwargs)
 
     def _state(self) -> dict:

@@ -39,7 +39,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ExportArgumentError, ExportError
+from ..context import Context, resolve
+from ..errors import ArgumentError, ExportArgumentError, ExportError
 from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
 from .ome_metadata import ome_attrs
@@ -61,7 +62,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
                 progress: bool | None = None, scheduler: Any = None,
                 num_workers: int | None = None, variable: str | None = None,
                 name: str | None = None, storage_options: dict | None = None,
-                engine: str = "precomputed", open_kwargs: dict | None = None) -> ExportReport:
+                engine: str = "precomputed", open_kwargs: dict | None = None,
+                context: Context | None = None) -> ExportReport:
     """Write `obj` as an OME-Zarr 0.5 multiscale image (Zarr v3, sharded) at `store`.
 
     obj: a Dataset of one scale (dims x, y, z[, channel], as engine "precomputed" or "dvid_arrow"
@@ -86,6 +88,9 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         may differ from what is stored) it reads one
         inner-chunk column (along x) at a time and holds at most two such columns plus the
         shard's compressed bytes.
+    context: the `xarray_precomputed.Context` whose threads encode the inner chunks
+        (`encode_threads`) and, for a URL, whose stores, caches and counters read the source
+        (default: the default context where each task runs); dask tasks get it by token.
     """
     import dask
     import zarr
@@ -95,14 +100,22 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         raise ExportError(f"verify must be 'checksum' or 'size', got {verify!r}")
     if progress is not None and not isinstance(progress, bool):
         raise ExportArgumentError(f"progress must be True, False or None, got {progress!r}")
+    if context is not None:
+        try:
+            resolve(context)
+        except ArgumentError as e:
+            raise ExportArgumentError(str(e)) from None
     own_volume = None  # the precomputed volume opened here, whose stored chunks may stream
     if isinstance(obj, (str, os.PathLike)):
         import xarray as xr
 
         url = os.fspath(obj)
-        obj = xr.open_datatree(url, engine=_engine(engine), **(open_kwargs or {}))
+        kwargs = dict(open_kwargs or {})
+        if context is not None:
+            kwargs.setdefault("context", context)
+        obj = xr.open_datatree(url, engine=_engine(engine), **kwargs)
         if engine == "precomputed":
-            own_volume = _open_own_volume(url, open_kwargs or {})
+            own_volume = _open_own_volume(url, kwargs)
         if name is None:
             name = url.rstrip("/").rsplit("/", 1)[-1]
     if isinstance(scales, (int, np.integer, str)):
@@ -139,7 +152,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
 
     states: list[tuple[ScalePlan, ArrayState]] = []
     for s in plan_scales:
-        states.append((s, open_or_create(group, s, compressors)))
+        states.append((s, open_or_create(group, s, compressors, context)))
     group.attrs.update(ome_attrs(plan_scales, name, [s.source.get("source") for s in plan_scales]))
 
     report = ExportReport(store=str(store))
@@ -263,7 +276,8 @@ def _open_own_volume(url: str, open_kwargs: dict) -> Any:
     info = open_kwargs.get("info")
     return Volume.open(url, storage_options=open_kwargs.get("storage_options"),
                        fill_missing=bool(open_kwargs.get("fill_missing", True)), info=info,
-                       missing_count=open_kwargs.get("missing_count"))
+                       missing_count=open_kwargs.get("missing_count"),
+                       context=open_kwargs.get("context"))
 
 
 def _write_shard(state: ArrayState, scale: ScalePlan, coords: tuple, block,

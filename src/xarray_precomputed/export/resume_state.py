@@ -12,6 +12,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+from ..context import Context
 from ..errors import ExportError
 from .plan import ScalePlan
 from .shard_encoder import FileSink, MemorySink, ShardEncoder, ShardSink
@@ -85,11 +86,11 @@ def coords_name(coords: Sequence[int]) -> str:
 class ArrayState:
     """Where one array keeps its resume state, and how a shard is verified."""
 
-    def __init__(self, array):
+    def __init__(self, array, context: Context | None = None):
         self.array = array
         self.sp = array.store_path
         self.state = self.sp / STATE_DIR
-        self.encoder = ShardEncoder(array.metadata)
+        self.encoder = ShardEncoder(array.metadata, context)
 
     def shard_sp(self, coords):
         return self.sp / self.array.metadata.encode_chunk_key(tuple(int(c) for c in coords))
@@ -133,7 +134,7 @@ class ArrayState:
         return shards
 
 
-def open_or_create(group, s: ScalePlan, compressors) -> ArrayState:
+def open_or_create(group, s: ScalePlan, compressors, context: Context | None = None) -> ArrayState:
     import zarr
 
     plan_fields = {
@@ -154,7 +155,7 @@ def open_or_create(group, s: ScalePlan, compressors) -> ArrayState:
         if not isinstance(existing, zarr.Array):
             raise ExportError(f"{s.name!r} exists in the destination and is not an array; "
                               "pass overwrite=True to replace the destination")
-        st = ArrayState(existing)
+        st = ArrayState(existing, context)
         old = get_json(st.state / "plan.json")
         if old is None or old.get("id") != plan["id"]:
             why = "was not written by to_ome_zarr" if old is None else \
@@ -167,7 +168,7 @@ def open_or_create(group, s: ScalePlan, compressors) -> ArrayState:
         compressors=compressors, fill_value=0,
         dimension_names=["c", "z", "y", "x"] if s.has_c else ["z", "y", "x"],
         attributes={"xarray_precomputed": {k: v for k, v in s.source.items() if v is not None}})
-    st = ArrayState(array)
+    st = ArrayState(array, context)
     put_json(st.state / "plan.json", plan)
     return st
 

@@ -1,5 +1,6 @@
 """Whole shards of a `sharding_indexed` Zarr v3 array, encoded here rather than by zarr-python
-(`ShardEncoder`), on one chunk-encoding pool per process (`encode_pool`)."""
+(`ShardEncoder`), on the chunk-encoding pool of a context (`Context.encode_pool`), shared by the
+shard tasks that run at once."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import sys
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Iterable
 
 import numpy as np
 
+from ..context import Context, resolve
 from ..errors import ExportError
-from ..util import ForkSafePool
 from .plan import ScalePlan
 
 
@@ -29,7 +29,7 @@ class ShardEncoder:
     full-array comparison for empty chunks (~50-100 MB/s here); this encodes the inner chunks
     concurrently with codecs that release the GIL."""
 
-    def __init__(self, metadata):
+    def __init__(self, metadata, context: Context | None = None):
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 
         (sharding,) = metadata.codecs
@@ -43,6 +43,9 @@ class ShardEncoder:
                                                      and inner[0].endian.value != "little"):
             raise ExportError(f"unexpected inner codecs {inner}")
         self.chunk_shape = tuple(sharding.chunk_shape)
+        # Travels to dask workers with the state (a context as its token); None: the default
+        # context of wherever a shard task runs.
+        self.context = context
         self.codec = None
         if len(inner) == 2 and isinstance(inner[1], ZstdCodec):
             from numcodecs import Zstd
@@ -70,7 +73,7 @@ class ShardEncoder:
         n = nc * per[0] * per[1] * per[2]
         encoded: list[bytes | None] = [None] * n
         waiting: list[list] = []
-        pool = encode_pool()
+        pool = resolve(self.context).encode_pool()
         for ix, slab in slabs:
             if slab.ndim == 3:
                 slab = slab[..., None]
@@ -337,13 +340,3 @@ class ShardOrder:
             self.sink.write(ib)
             self.sink.write(struct.pack("<I", google_crc32c.value(ib)))
             return True
-
-
-# Concurrent first use from several dask tasks must make one pool, not one each (the losers'
-# threads would be leaked); a forked child makes its own.
-_pool = ForkSafePool(lambda: max(2, os.cpu_count() or 2), "xarray-precomputed-encode")
-
-
-def encode_pool() -> ThreadPoolExecutor:
-    """The chunk-encoding pool of this process, shared by concurrent shard tasks."""
-    return _pool.get()

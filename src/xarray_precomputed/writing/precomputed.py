@@ -23,7 +23,11 @@ How a scale is written:
 - **Resumable.** Objects that already exist and whose size/structure checks out (raw chunk
   length, compressed_segmentation channel header, image header, shard and minishard indices
   holding exactly the expected chunk ids) are skipped; stale temporaries are removed.
-- **`info` last**, merged into an existing `info` (scales with other keys are kept).
+- **`info` last**, merged into an existing `info` (scales with other keys are kept). Segment
+  properties given are written into the volume's `segment_properties` folder before it, and the
+  info links them.
+- **Resources** (stores, counters, threads) are those of the `context` given, else the default
+  context where the write runs; a dask task gets the user's context by its token.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import WriterArgumentError, WriterError
-from ..format.info import DATA_TYPES, VolumeInfo
+from ..context import Context, resolve
+from ..errors import ArgumentError, WriterArgumentError, WriterError
+from ..format.info import DATA_TYPES, VolumeInfo, parse_info
 from ..kvstore.shard_files import forget_cached_indices
 from ..storage import open_store, strip_scheme_prefix
 from . import progress as write_progress
@@ -43,6 +49,7 @@ from .geometry import InputScale, input_scales
 from .plan import write_scale
 from .progress import ProgressBar, WriteProgress, sink_of
 from .scale_info import choose_sharding, int_option, merge_info, scale_json
+from .segment_properties import SEGMENT_PROPERTIES_DIR, linked_properties, write_linked_properties
 from .shard_file import build_shard
 from .target import DEFAULT_BLOCK_SIZE, Target, encode_chunk
 
@@ -76,7 +83,8 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
                    write_empty_chunks: bool = True, resume: bool | str = "auto",
                    overwrite: bool = False, coarser_scales: str | None = None,
                    block_bytes: int = DEFAULT_BLOCK_BYTES, num_workers: int | None = None,
-                   progress: bool | WriteProgress | None = None, **deprecated) -> VolumeInfo:
+                   progress: bool | WriteProgress | None = None, segment_properties: Any = None,
+                   context: Context | None = None, **deprecated) -> VolumeInfo:
     """Write `obj` as a Neuroglancer precomputed volume at `url`; returns the written info.
 
     obj: a DataArray or Dataset (one scale) or a DataTree (every node holding data is a scale,
@@ -113,11 +121,21 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
         this write replaces): "refuse" raises WriterError naming them, "drop" removes them from
         the info (their objects stay in storage), "keep" leaves them listed. None (default):
         "drop" with overwrite=True, saying so with a StaleScalesWarning; "refuse" without.
-    num_workers: threads encoding and writing (default: the CPUs); dask input is written by
-        dask's scheduler. (`max_workers=` still works, with a DeprecationWarning.)
+    num_workers: threads encoding and writing (default: the context's `encode_threads`, the
+        CPUs unless it was given); dask input is written by dask's scheduler. (`max_workers=`
+        still works, with a DeprecationWarning.)
     progress: a progress bar on stderr per scale; None (default) only when stderr is a
         terminal, as `to_ome_zarr`'s. A `WriteProgress` is told what is planned and written
         instead (the CLI's bar and summary).
+    segment_properties: what the segments are, written into the volume's `segment_properties`
+        folder and linked from its info (`"segment_properties": "segment_properties"`): a
+        Dataset or DataFrame as `to_segment_properties` takes it, or the path or URL of an
+        existing properties folder (copied; read with `storage_options` when on the
+        destination's kind of store). Segmentations only; ids must be uint64. None keeps the
+        source's: a DataTree's `segment_properties` group (as `open_datatree` gives a volume's
+        linked ones), written with a segmentation; False writes none.
+    context: the `xarray_precomputed.Context` whose stores, counters and encoding threads the
+        write uses (default: the default context where it runs); dask tasks get it by token.
     """
     legacy, num_workers = _deprecated_keywords(deprecated, num_workers)
     try:
@@ -130,6 +148,17 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     block_bytes = int_option("block_bytes", block_bytes, 1)
     if num_workers is not None:
         num_workers = int_option("num_workers", num_workers, 1)
+    try:
+        ctx = resolve(context)
+    except ArgumentError as e:
+        raise WriterArgumentError(str(e)) from None
+    # checked before any chunk is written: ids, schema
+    kept = segment_properties is None
+    if kept:
+        segment_properties = _source_properties(obj)
+    elif segment_properties is False:
+        segment_properties = None
+    props = linked_properties(segment_properties, url, storage_options, context=ctx)
     sink = sink_of(progress)
     scales = _scales_of(obj, variable=variable, resolution=resolution, voxel_offset=voxel_offset)
     first = scales[0]
@@ -155,27 +184,46 @@ def to_precomputed(obj, url: str, *, encoding: str | None = None, chunk_size=Non
     if len(set(keys)) != len(keys):
         raise WriterError(f"two scales would share the key {keys}: give them distinct resolutions")
 
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, context=ctx)
     fresh = {"@type": "neuroglancer_multiscale_volume", "type": vtype, "data_type": dt,
              "num_channels": first.num_channels, "scales": []}
     parsed, allow_resume = merge_info(store, fresh, sjson, resume=resume, overwrite=overwrite,
                                       coarser_scales=coarser_scales)
+    if props is not None and kept and parsed.type != "segmentation":
+        props = None  # an image's source linked some: not what it holds
+    if props is not None:
+        if parsed.type != "segmentation":
+            raise WriterArgumentError(f"segment_properties describe segments: {url} is an "
+                                      f"{parsed.type} volume (pass volume_type='segmentation')")
+        parsed = parse_info({**parsed.to_json(), "segment_properties": SEGMENT_PROPERTIES_DIR})
 
     opts = tuple(sorted((storage_options or {}).items()))
-    workers = num_workers or max(1, os.cpu_count() or 1)
+    workers = num_workers or ctx.encode_threads
     run = write_progress.attach(sink) if sink is not None else ""
     try:
         _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, gzip_level,
-                      write_empty_chunks, block_bytes, options, run=run)
+                      write_empty_chunks, block_bytes, options, run=run, context=context,
+                      resolved=ctx)
     finally:
         if run:
             write_progress.detach(run)
         if isinstance(sink, ProgressBar):
             sink.close()
+    if props is not None:  # before the info that links them
+        write_linked_properties(props, url, storage_options, context=ctx)
     store.write("info", json.dumps(parsed.to_json(), indent=1).encode())
     # Readers in this process may have cached indices of the shard files just replaced.
     forget_cached_indices(store.url)
     return parsed
+
+
+def _source_properties(obj) -> Any:
+    """The segment properties a DataTree carries (its `segment_properties` group), or None."""
+    children = getattr(obj, "children", None)
+    node = children.get(SEGMENT_PROPERTIES_DIR) if isinstance(children, Mapping) else None
+    if node is None or "segment" not in node.dims:
+        return None
+    return node.to_dataset(inherit=False)
 
 
 def _deprecated_keywords(given: dict, num_workers: int | None) -> tuple[dict, int | None]:
@@ -201,9 +249,13 @@ def _deprecated_keywords(given: dict, num_workers: int | None) -> tuple[dict, in
 
 
 def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, gzip_level,
-                  write_empty_chunks, block_bytes, encoding_options=None, run: str = "") -> None:
+                  write_empty_chunks, block_bytes, encoding_options=None, run: str = "",
+                  context: Context | None = None, resolved: Context | None = None) -> None:
     dt = parsed.data_type
     for sc, d in zip(scales, sjson):
+        # Threads of this call write through the context resolved here; dask tasks through the
+        # one given, or without one the default context of the worker they run on.
+        tctx = context if sc.is_dask else resolved
         s = parsed.find_scale(d["key"])
         tgt = Target(
             url=url, storage_options=opts, path=s.path, size=s.size, voxel_offset=s.voxel_offset,
@@ -211,6 +263,6 @@ def _write_scales(scales, sjson, parsed, url, opts, workers, allow_resume, gzip_
             encoding=s.encoding, block_size=s.compressed_segmentation_block_size or DEFAULT_BLOCK_SIZE,
             sharding=None if s.sharding is None else tuple(sorted(s.sharding.to_json().items())),
             gzip_level=gzip_level, write_empty_chunks=write_empty_chunks,
-            options=(encoding_options or {}).get(s.encoding, ()), run=run)
+            options=(encoding_options or {}).get(s.encoding, ()), run=run, context=tctx)
         write_scale(sc, tgt, resume=allow_resume[d["key"]], block_bytes=block_bytes,
                     max_workers=workers, key=d["key"])

@@ -9,38 +9,97 @@ How columns become properties (also for a Dataset's variables over `segment`):
   allowed type that holds every value (int32, uint32, float32), else refused;
 - booleans: tags. A boolean (segment, tag) variable with a `tag` coordinate is a set of tags; a
   boolean column is one tag named by the column. All tags form the set's one tags property.
+
+`to_precomputed(..., segment_properties=...)` writes them into the volume's `segment_properties`
+folder (`linked_properties` checks them before any chunk is written, `write_linked_properties`
+writes them before the info that links them).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
 
-from ..errors import WriterArgumentError
+from ..context import Context
+from ..errors import InfoError, WriterArgumentError
 from ..format.segment_properties import (
     NUMBER_TYPES,
     SegmentProperties,
     SegmentProperty,
     parse_segment_properties,
 )
-from ..storage import open_store
+from ..storage import open_store, strip_scheme_prefix
 
 KIND_ATTR = "segment_property_type"
 _NARROWER = {"i": ("int32", "uint32"), "u": ("uint32",), "f": ("float32",)}
+# Where a volume written with segment properties keeps them, relative to the volume (its info's
+# `segment_properties` member).
+SEGMENT_PROPERTIES_DIR = "segment_properties"
 
 
-def to_segment_properties(data: Any, url: str, *, storage_options: dict | None = None) -> dict:
+def to_segment_properties(data: Any, url: str, *, storage_options: dict | None = None,
+                          context: Context | None = None) -> dict:
     """Write `data` (an xarray Dataset over `segment`, or a pandas DataFrame whose index holds
     the segment ids) as a `neuroglancer_segment_properties` folder at `url`; returns the `info`
-    written."""
-    props = segment_properties_of(data)
-    doc = props.to_json()
+    written. `context`: whose store and counters the write uses (default: the default one)."""
+    doc, text = _info_of(data)
+    open_store(url, storage_options, context=context).write("info", text)
+    return doc
+
+
+def _info_of(data: Any) -> tuple[dict, bytes]:
+    doc = segment_properties_of(data).to_json()
     text = json.dumps(doc, allow_nan=False).encode()
     parse_segment_properties(text)  # what we write obeys every rule we read by
-    open_store(url, storage_options).write("info", text)
-    return doc
+    return doc, text
+
+
+def linked_properties(value: Any, volume_url: str, storage_options: dict | None, *,
+                      context: Context | None = None) -> bytes | None:
+    """The `info` of the segment properties `to_precomputed(..., segment_properties=value)`
+    writes beside the volume at `volume_url`, checked: from a Dataset or DataFrame, or copied
+    from the properties folder at a path or URL (read with `storage_options` when on the
+    volume's kind of store). None for None; anything else, or properties that break a rule, is
+    a WriterArgumentError naming the argument."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return _copied(strip_scheme_prefix(os.fspath(value)), volume_url, storage_options,
+                       context)
+    try:
+        return _info_of(value)[1]
+    except (WriterArgumentError, InfoError) as e:
+        raise WriterArgumentError(f"segment_properties: {e}") from None
+
+
+def _copied(src: str, volume_url: str, storage_options: dict | None,
+            context: Context | None) -> bytes:
+    same_kind = _scheme(src) == _scheme(volume_url)  # the destination's options fit it
+    store = open_store(src, storage_options if same_kind else None, context=context)
+    raw = store.read("info")
+    if raw is None:
+        raise WriterArgumentError(f"segment_properties: {store.describe('info')} does not exist")
+    raw = bytes(raw)
+    try:
+        parse_segment_properties(raw)
+    except InfoError as e:
+        raise WriterArgumentError(f"segment_properties: {store.describe('info')} is not valid "
+                                  f"segment properties: {e}") from None
+    return raw
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def write_linked_properties(text: bytes, volume_url: str, storage_options: dict | None, *,
+                            context: Context | None = None) -> None:
+    """Write a volume's segment properties (`linked_properties`' bytes) into its folder."""
+    url = volume_url.rstrip("/") + "/" + SEGMENT_PROPERTIES_DIR
+    open_store(url, storage_options, context=context).write("info", text)
 
 
 def segment_properties_of(data: Any) -> SegmentProperties:

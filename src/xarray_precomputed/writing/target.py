@@ -1,6 +1,7 @@
 """A scale being written (`Target`): everything a write task needs in plain picklable values -
-where the objects go, the chunk grid and names, how a chunk is encoded - and the box arithmetic
-of the chunk grid that the planner and the tasks share."""
+where the objects go (and the context whose stores and counters the writes use), the chunk grid
+and names, how a chunk is encoded - and the box arithmetic of the chunk grid that the planner and
+the tasks share."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..codecs import get_codec, writable_encodings
+from ..context import Context
 from ..errors import WriterArgumentError, WriterError
 from ..format.info import ShardingSpec
 from ..format.morton import chunk_key
@@ -89,6 +91,9 @@ class Target:
     write_empty_chunks: bool = True
     options: tuple = ()  # sorted (name, value) items of the encoding's own options
     run: str = ""  # the to_precomputed call writing it: names its progress sink ("" none)
+    # The context the writes go through: the user's travels to dask workers as its token (one
+    # object per process); None is the default context of wherever a task runs.
+    context: Context | None = None
 
     @property
     def sharded(self) -> ShardingSpec:
@@ -108,7 +113,7 @@ class Target:
 
     @property
     def store(self):
-        return open_store(self.url, dict(self.storage_options) or None)
+        return open_store(self.url, dict(self.storage_options) or None, context=self.context)
 
     def key(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
