@@ -39,7 +39,8 @@ _LAZY = {"to_ome_zarr": ".export.ome_zarr", "to_precomputed": ".writing.precompu
          "to_segment_properties": ".writing.segment_properties",
          "Skeletons": ".backends.objects", "Meshes": ".backends.objects",
          "to_skeletons": ".writing.skeletons", "Annotations": ".backends.annotations",
-         "to_annotations": ".writing.annotations", "label_points": ".backends.label_points"}
+         "to_annotations": ".writing.annotations", "label_points": ".backends.label_points",
+         "unique_labels": ".backends.labels", "relabel": ".backends.labels"}
 
 
 def _version() -> str:
@@ -77,5 +78,5 @@ __all__ = [
     "Volume", "MissingCount", "__version__", "to_ome_zarr", "to_precomputed", "downsample",
     "sample_volume", "sample_data", "open_segment_properties", "to_segment_properties", "Context",
     "Skeletons", "Meshes", "to_skeletons", "Annotations",
-    "to_annotations", "label_points",
+    "to_annotations", "label_points", "unique_labels", "relabel",
 ]

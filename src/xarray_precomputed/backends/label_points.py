@@ -27,7 +27,7 @@ from ..reading.volume import Volume
 _TO_NM = {"nm": 1.0, "m": 1e9, "mm": 1e6, "um": 1e3, "µm": 1e3, "μm": 1e3, "pm": 1e-3}
 
 
-def _segmentation(seg) -> tuple[str, str]:
+def segmentation_source(seg) -> tuple[str, str]:
     if isinstance(seg, xr.Dataset):
         names = [n for n in seg.data_vars if seg[n].encoding.get("source")]
         if len(names) != 1:
@@ -79,7 +79,7 @@ def label_points(segmentation, points, *, units: str = "nm", outside: str = "zer
         raise ArgumentError(f"units must be 'nm' or 'voxel', got {units!r}")
     if outside not in ("zero", "raise"):
         raise ArgumentError(f"outside must be 'zero' or 'raise', got {outside!r}")
-    url, key = _segmentation(segmentation)
+    url, key = segmentation_source(segmentation)
     coord = None
     if isinstance(points, xr.Dataset):
         pts, coord = _dataset_points(points)
