@@ -20,6 +20,7 @@ per-chunk path (boxes).
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,9 @@ MIN_BATCH_CHUNKS = 4
 # A byte span read costs about as much as copying this many bytes (a `pread` call): a raw chunk
 # a box needs part of is read as spans where bytes + spans * SPAN_COST_BYTES is the least.
 SPAN_COST_BYTES = 16 << 10
+# Local chunk files are read and decoded in runs of about this many bytes (per call, ~30 us of
+# Python; what a run read is still in the core's cache when it is decoded).
+FILE_RUN_BYTES = int(os.environ.get("XP_FB", 2 << 20))
 # Columns of a geometry row (see `_chunk_batch.c`): where a chunk's voxels go in the result
 # (dest), where they start in the chunk (origin), how many (extent), the chunk's shape, and the
 # result's channel the chunk's first channel goes to.
@@ -230,6 +234,8 @@ class _Read:
         rule. The rows' first column stays the values' rows (ABSENT, PLACED, source)."""
         rows = got.rows
         codes = rows[:, 0]
+        if codes.min() >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
+            return geom  # every chunk stored, each whole
         big = np.flatnonzero(codes == TOO_LARGE)
         if len(big):
             raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]), geom[big[0]])
@@ -283,13 +289,16 @@ class _Read:
         geom = self.settle(members, got, geom)
         rows = got.rows
         codes = rows[:, 0]
-        keep = codes >= 0 if zeroed else codes != PLACED
-        if not keep.all():
-            rows, geom, members = rows[keep], geom[keep], members[keep]
-        if not len(rows):
-            return
-        src = np.ascontiguousarray(rows[:, :3])
-        src[src[:, 0] < 0, 0] = -1
+        if codes.min() < 0:
+            keep = codes >= 0 if zeroed else codes != PLACED
+            if not keep.all():
+                rows, geom, members = rows[keep], geom[keep], members[keep]
+            if not len(rows):
+                return
+            src = np.ascontiguousarray(rows[:, :3])
+            src[src[:, 0] < 0, 0] = -1
+        else:
+            src = np.ascontiguousarray(rows[:, :3])
         sources = got.sources
         gzip = got.gzip
         if gzip and not _batch.HAVE_ZLIB:  # type: ignore[union-attr]
@@ -344,9 +353,17 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
             members = members[_slab_order(cells[members], out)]
         jobs += [part for part in np.array_split(members, min(len(members), per)) if len(part)]
 
+    step = len(cells)
+    if read.kv.one_object_per_key:
+        # files read into the buffer are decoded while it is still in this core's cache (batches
+        # of 32 of em's chunks, read whole then decoded: ~15% more CPU)
+        step = max(1, FILE_RUN_BYTES // read.chunk_bytes)
+
     def run(members: np.ndarray) -> None:
-        got = read.fetch(_Batch(members), local=True, out=out)
-        read.decode(out, members, got, geom[members], zeroed, stream)
+        for k in range(0, len(members), step):
+            part = members[k:k + step]
+            got = read.fetch(_Batch(part), local=True, out=out)
+            read.decode(out, part, got, geom[part], zeroed, stream)
 
     if len(jobs) == 1 or inline:
         for job in jobs:

@@ -20,7 +20,7 @@ from ..codecs import get_codec, get_decoder
 from ..codecs.raw import plain_voxels
 from ..errors import PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
-from ..format.morton import compressed_morton
+from ..format.morton import FEW_CELLS, compressed_morton
 from ..format.sharding import shard_box
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..kvstore.shard_files import positions_by_value
@@ -134,23 +134,26 @@ class ScaleReader(ChunkedScaleReader):
         gx, gy, _ = self.grid_shape
         return (cells[:, 0] + gx * (cells[:, 1] + gy * cells[:, 2])).astype(np.uint64)
 
-    def _cells_of(self, keys: np.ndarray) -> np.ndarray:
-        gx, gy, _ = self.grid_shape
-        k = np.asarray(keys, np.int64)
-        return np.stack([k % gx, k // gx % gy, k // (gx * gy)], axis=1)
-
     def _key_name(self, key: int) -> str:
         return self._key_names(np.array([key], np.uint64))[0]
 
+    @functools.cached_property
+    def _axis_names(self) -> tuple[list[str], ...]:
+        """Per axis, the `begin-end` part of chunk file names of each grid index."""
+        s = self.scale_info
+        return tuple([f"{o + g * c}-{o + min((g + 1) * c, n)}" for g in range(grid)]
+                     for grid, c, n, o in zip(self.grid_shape, self.chunk_size, s.size,
+                                              s.voxel_offset))
+
     def _key_names(self, keys: np.ndarray) -> list[str]:
         """Chunk file names `x0-x1_y0-y1_z0-z1` of unsharded keys (absolute voxel coordinates)."""
-        begin = self._cells_of(keys) * np.asarray(self.chunk_size, np.int64)
-        end = np.minimum(begin + np.asarray(self.chunk_size, np.int64),
-                         np.asarray(self.scale_info.size, np.int64))
-        off = np.asarray(self.scale_info.voxel_offset, np.int64)
-        k = np.stack([begin[:, 0], end[:, 0], begin[:, 1], end[:, 1], begin[:, 2], end[:, 2]],
-                     axis=1) + np.repeat(off, 2)
-        return [f"{a}-{b}_{c}-{d}_{e}-{f}" for a, b, c, d, e, f in k.tolist()]
+        ax, ay, az = self._axis_names
+        gx, gy, _ = self.grid_shape
+        if len(keys) <= FEW_CELLS:  # Python ints: numpy's per-call cost exceeds the work
+            return [f"{ax[k % gx]}_{ay[k // gx % gy]}_{az[k // (gx * gy)]}" for k in keys.tolist()]
+        k = np.asarray(keys, np.int64)
+        return [f"{ax[x]}_{ay[y]}_{az[z]}" for x, y, z in
+                zip((k % gx).tolist(), (k // gx % gy).tolist(), (k // (gx * gy)).tolist())]
 
     def chunk_name(self, cell, key: int) -> str:
         """A stored chunk's name in errors: its grid cell and where it is stored."""

@@ -225,36 +225,47 @@ class LocalStore(Store):
         if n == 0 or any(self._forms.get(f) for f in folders):
             return super().read_batch(keys, limit=limit)
         first, sp = spans if spans is not None else (np.zeros(n + 1, np.int64), _NO_SPANS)
-        first = np.ascontiguousarray(first, np.int64)
-        sp = np.ascontiguousarray(sp, np.int64)
         bound = limit if limit is not None else (1 << 62)
         sources: list = []
-        rows = np.zeros((n, 4), np.int64)
-        paths = [self._path(k) for k in keys]
+        rows = np.empty((n, 4), np.int64)
+        root = os.path.join(self.root, "")
+        paths = [root + k for k in keys]
         k = 0  # files before k are done; each round reads until the buffer is full
         buf = buffer if buffer is not None else _aligned_buffer(1 << 20)
-        while k < n:
-            got = np.zeros((n - k, 3), np.int64)
+        got = np.empty((n, 3), np.int64)
+        while True:
             try:
-                read_files(paths[k:], buf, first[k:] - first[k], sp[first[k]:],
-                           None if dests is None else list(dests[k:]), bound, got)
+                read_files(paths[k:] if k else paths, buf, first[k:] - first[k] if k else first,
+                           sp[first[k]:] if k else sp,
+                           None if dests is None else list(dests[k:]), bound, got[k:])
             except OSError as e:
                 raise self.failure(e) from e
-            where = got[:, 0]
+            where = got[k:, 0]
+            rows[k:, 1:] = got[k:]
+            if where.min() >= 0:  # all read into buf
+                rows[k:, 0] = len(sources)
+                sources.append(buf)
+                break
             here = where >= 0
             rows[k:, 0] = np.where(here, len(sources), where)
-            rows[k:, 1] = np.maximum(where, 0)
-            rows[k:, 2:] = got[:, 1:]
+            rows[k:, 1][~here] = 0
             if here.any():
                 sources.append(buf)
-            later = np.flatnonzero(where == fileread_fallback.RF_LATER)
-            if not len(later):
+            is_later = where == fileread_fallback.RF_LATER
+            if not is_later.any():
                 break
+            later = int(np.argmax(is_later))
             # the rest into a buffer of this store's, one that holds at least the next file
-            buf = _aligned_buffer(max(len(memoryview(buf).cast("B")), int(got[later[0], 2]), 1 << 20))
-            k += int(later[0])
+            buf = _aligned_buffer(max(len(memoryview(buf).cast("B")), int(got[k + later, 2]), 1 << 20))
+            k += later
         request_counts["read"] += n
         codes = rows[:, 0]
+        for f in folders:  # (a batch is one folder's keys)
+            if self._forms.get(f) is None and ((codes >= 0) | (codes == PLACED) |
+                                               (codes == TOO_LARGE)).any():
+                self._learn(f, "")
+        if codes.min() >= 0:
+            return Located(sources, rows)  # every value read into the buffer
         for i in np.flatnonzero(codes == fileread_fallback.RF_ODD).tolist():
             raise CorruptChunkError("the chunk's file is not a regular file",
                                     chunk=self.describe(keys[i]))
@@ -264,10 +275,6 @@ class LocalStore(Store):
             rows[i] = (ABSENT, 0, 0, -1) if blob is None else (len(sources), 0, len(blob), len(blob))
             if blob is not None:
                 sources.append(blob)
-        found = (codes >= 0) | (codes == PLACED) | (codes == TOO_LARGE)
-        for f in folders:
-            if self._forms.get(f) is None and found.any():
-                self._learn(f, "")  # (a batch is one folder's keys)
         for i in np.flatnonzero(codes == ABSENT).tolist():
             if self._forms.get(keys[i].rpartition("/")[0]) == "":
                 continue
