@@ -137,8 +137,10 @@ class _Batch:
 class _Read:
     """What every batch of one read shares: cells, keys, geometry, the reader."""
 
-    def __init__(self, reader: ScaleReader, cells: np.ndarray, geom: np.ndarray):
+    def __init__(self, reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, *,
+                 in_c: bool = True):
         self.reader = reader
+        self.in_c = in_c  # decoded by the extension (which inflates gzip values itself)
         self.cells = cells
         self.geom = geom
         self.keys = reader.chunk_keys(cells)
@@ -170,7 +172,7 @@ class _Read:
         dests = self.dests(m, out) if out is not None and local else None
         buffer = _scratch_for("files", min(len(m) * self.chunk_bytes, 64 << 20) + 1) if local else None
         return self.kv.get_located(self.keys[m], whole=batch.whole, buffer=buffer, spans=spans,
-                                   dests=dests, inflate=self.kind is None)
+                                   dests=dests, inflate=not self.in_c)
 
     def spans(self, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Byte spans of the raw chunks the box needs part of (see the module's docstring); None
@@ -271,16 +273,7 @@ class _Read:
                                     chunk=self.name(i))
 
     def too_large(self, i: int, size: int, g) -> CorruptChunkError:
-        r = self.reader
-        if self.raw:
-            sx, sy, sz = (int(v) for v in g[SHAPE])
-            need = sx * sy * sz * r.info.num_channels * r.dtype.itemsize
-            msg = (f"raw chunk is {size} bytes, expected {need} for shape [{sx}, {sy}, {sz}] x "
-                   f"{r.info.num_channels} channel(s) of {r.info.dtype.name}")
-        else:
-            msg = (f"chunk file is {size} bytes, more than any chunk of this scale can store (at "
-                   f"most {r.max_stored_bytes} bytes)")
-        return CorruptChunkError(msg, chunk=self.name(i))
+        return self.reader.oversized(self.cells[i], int(self.keys[i]), size)
 
     def decode(self, out: np.ndarray, members: np.ndarray, got: Located, geom: np.ndarray,
                zeroed: bool, stream: bool) -> None:
@@ -475,8 +468,8 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
     geom = np.zeros((n, 13), np.int64)
     geom[:, EXTENT] = ext
     geom[:, SHAPE] = ext
-    read = _Read(reader, cells, geom)
     batched = decodes_in_batches(reader, reader.dtype)
+    read = _Read(reader, cells, geom, in_c=batched)
     raw_whole = read.raw and reader.stores_plain_voxels
     jobs = [_Batch(m[k:k + per]) for m in read.groups() for k in range(0, len(m), per)]
     if remote:
@@ -507,6 +500,7 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
                 view = stored_view(data, chunk_shape=cell, dtype=reader.dtype, num_channels=nc,
                                    chunk=_Name(read, i)) if raw_whole and cell == tuple(c) else None
                 if view is not None:
+                    view.flags.writeable = False  # read-only, as documented
                     fn(i, view)
                     continue
                 reader.decode_chunk(data, chunk[:cell[0], :cell[1], :cell[2]], origin=(0, 0, 0),

@@ -18,13 +18,14 @@ import numpy as np
 
 from ..codecs import get_codec, get_decoder
 from ..codecs.raw import plain_voxels
-from ..errors import PrecomputedError, StorageError
+from ..errors import CorruptChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..format.morton import FEW_CELLS, compressed_morton
 from ..format.sharding import shard_box
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..kvstore.shard_files import positions_by_value
 from ..storage import open_store, strip_scheme_prefix
+from ..storage.base import TOO_LARGE
 from . import batched
 from .base import (
     REMOTE_BATCH_BYTES,
@@ -163,6 +164,19 @@ class ScaleReader(ChunkedScaleReader):
         """An absent chunk's name in errors: its grid cell and what was looked for."""
         return f"grid cell {tuple(int(g) for g in cell)} ({self.kv.describe_missing(key)})"
 
+    def oversized(self, cell, key: int, size: int) -> CorruptChunkError:
+        """The error for a stored chunk larger than any chunk of this scale (refused unread)."""
+        if get_codec(self.scale_info.encoding).plain:
+            shape = self.cell_shape(cell)
+            need = math.prod(shape) * self.info.num_channels * self.dtype.itemsize
+            msg = (f"raw chunk is {size} bytes, expected {need} for shape [{shape[0]}, "
+                   f"{shape[1]}, {shape[2]}] x {self.info.num_channels} channel(s) of "
+                   f"{self.info.dtype.name}")
+        else:
+            msg = (f"chunk file is {size} bytes, more than any chunk of this scale can store (at "
+                   f"most {self.max_stored_bytes} bytes)")
+        return CorruptChunkError(msg, chunk=self.chunk_name(cell, key))
+
     @property
     def max_stored_bytes(self) -> int:
         """The most bytes a stored (inflated) chunk of this scale may have."""
@@ -251,7 +265,9 @@ class ScaleReader(ChunkedScaleReader):
         members = np.asarray(members, np.intp)
         got = self.kv.get_located(keys[members], whole=whole, buffer=buffer)
         out: list[Fetched] = []
-        for m, (s, off, length, _) in zip(members.tolist(), got.rows.tolist()):
+        for m, (s, off, length, size) in zip(members.tolist(), got.rows.tolist()):
+            if s == TOO_LARGE:
+                raise self.oversized(cells[m], int(keys[m]), size)
             if s < 0:
                 out.append((m, None, Lazy(self.missing_name, cells[m], int(keys[m]))))
             else:

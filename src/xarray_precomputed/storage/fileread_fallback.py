@@ -80,11 +80,11 @@ RF_ABSENT, RF_PLACED, RF_TOO_LARGE, RF_LATER, RF_ODD, RF_CHANGED = -1, -2, -3, -
 def read_files(paths, buffer, first, spans, dests, limit: int, result) -> None:
     """Many files, whole or by byte spans, into `buffer` (or `dests`): `result[i]` = (where,
     length, size), as `_fileread.read_files` (its source says what each code means)."""
-    buf = memoryview(buffer).cast("B")
-    first = memoryview(first).cast("B").cast("q")
-    sp = memoryview(spans).cast("B").cast("q")
-    res = memoryview(result).cast("B").cast("q")
     n = len(paths)
+    buf = _bytes_view(buffer)
+    first = memoryview(bytes(memoryview(first))).cast("q")
+    sp = memoryview(bytes(memoryview(spans))).cast("q")
+    res = _bytes_view(result).cast("q") if n else memoryview(bytearray(0)).cast("q")
     if len(first) != n + 1 or len(res) != 3 * n or len(sp) % 2:
         raise ValueError("first, spans or result has the wrong size")
     if dests is not None and len(dests) != n:
@@ -155,6 +155,13 @@ def read_files(paths, buffer, first, spans, dests, limit: int, result) -> None:
             raise _named(e, path) from None
         finally:
             os.close(fd)
+
+
+def _bytes_view(obj) -> memoryview:
+    view = memoryview(obj)
+    if view.readonly:
+        raise TypeError("read_files() needs writable buffers")
+    return view.cast("B") if view.nbytes else memoryview(bytearray(0))
 
 
 def _pread_into(fd: int, dst: memoryview, offset: int) -> int:
