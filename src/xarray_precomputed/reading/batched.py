@@ -163,13 +163,15 @@ class _Read:
         parts = self.kv.partition_of(self.keys)[order]
         return np.split(order, np.flatnonzero(np.diff(parts)) + 1)
 
-    def fetch(self, batch: _Batch, *, local: bool, out: np.ndarray | None = None) -> Located:
+    def fetch(self, batch: _Batch, *, local: bool, out: np.ndarray | None = None,
+              dests: list | None = None) -> Located:
         """The stored bytes of a batch's chunks. `local`: decoded next in this thread, so they
         may go into its reused buffer. `out`: the result, whose regions whole raw chunks are
-        read straight into where each is one run of it."""
+        read straight into where each is one run of it (or `dests`, those regions given)."""
         m = batch.members
         spans = self.spans(m) if self.raw and local else None
-        dests = self.dests(m, out) if out is not None and local else None
+        if dests is None and out is not None and local:
+            dests = self.dests(m, out)
         buffer = _scratch_for("files", min(len(m) * self.chunk_bytes, 64 << 20) + 1) if local else None
         return self.kv.get_located(self.keys[m], whole=batch.whole, buffer=buffer, spans=spans,
                                    dests=dests, inflate=not self.in_c)
@@ -327,24 +329,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
         _read_remote(read, out, zeroed, stream)
         return
     n = len(cells)
-    groups = read.groups()
-    # Chunk files are spread over the pool however small the read (each waits on the disk); the
-    # chunks of a shard only when there is enough to decode.
-    spread = not inline and n > 1 and (read.kv.one_object_per_key or out.nbytes > INLINE_DECODE_BYTES)
-    pieces = min(BATCHES_PER_CORE * base.running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
-    pieces = max(1, pieces)
-    jobs: list[np.ndarray] = []
-    # Pieces decoded at once must write disjoint pages of the result: pieces of one group are
-    # slabs of it, and groups are taken in page order (two halves of a shard in minishard order,
-    # or two shards side by side along x in a Fortran-ordered result, faulted in the same pages
-    # at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
-    per = 1 if len(groups) >= base.running_reads.cores else max(1, -(-pieces // len(groups)))
-    firsts = np.array([g[0] for g in groups])
-    for k in _page_order(cells[firsts], out).tolist():
-        members = groups[k]
-        if per > 1:
-            members = members[_slab_order(cells[members], out)]
-        jobs += [part for part in np.array_split(members, min(len(members), per)) if len(part)]
+    jobs: list[np.ndarray] = [_ONE] if n == 1 else _local_jobs(read, out, inline)
 
     step = len(cells)
     if read.kv.one_object_per_key:
@@ -365,6 +350,34 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     # as many batches at once as there are cores (the pool has twice as many threads, for reads
     # that wait on a disk or a network)
     bounded_map(cpu_pool(), run, jobs, window=base.running_reads.cores)
+
+
+_ONE = np.zeros(1, np.intp)
+
+
+def _local_jobs(read: _Read, out: np.ndarray, inline: bool) -> list[np.ndarray]:
+    """A local box read's batches (positions into its cells): one per piece of the work."""
+    cells = read.cells
+    n = len(cells)
+    groups = read.groups()
+    # Chunk files are spread over the pool however small the read (each waits on the disk); the
+    # chunks of a shard only when there is enough to decode.
+    spread = not inline and n > 1 and (read.kv.one_object_per_key or out.nbytes > INLINE_DECODE_BYTES)
+    pieces = min(BATCHES_PER_CORE * base.running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
+    pieces = max(1, pieces)
+    jobs: list[np.ndarray] = []
+    # Pieces decoded at once must write disjoint pages of the result: pieces of one group are
+    # slabs of it, and groups are taken in page order (two halves of a shard in minishard order,
+    # or two shards side by side along x in a Fortran-ordered result, faulted in the same pages
+    # at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
+    per = 1 if len(groups) >= base.running_reads.cores else max(1, -(-pieces // len(groups)))
+    firsts = np.array([g[0] for g in groups])
+    for k in _page_order(cells[firsts], out).tolist():
+        members = groups[k]
+        if per > 1:
+            members = members[_slab_order(cells[members], out)]
+        jobs += [part for part in np.array_split(members, min(len(members), per)) if len(part)]
+    return jobs
 
 
 def _page_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -475,30 +488,35 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
     if remote:
         jobs, _ = _remote_jobs(read, None)
 
-    def decode(batch: _Batch, got: Located) -> None:
+    full = (ext == c).all(axis=1)
+
+    def slots(members: np.ndarray) -> np.ndarray:
+        """This thread's buffer of whole chunks for a batch (past the volume's edge: 0)."""
+        buf = _chunk_slots(shape, len(members), reader.dtype)
+        for j in np.flatnonzero(~full[members]).tolist():
+            buf[..., j * nc:(j + 1) * nc] = 0
+        return buf
+
+    def decode(batch: _Batch, got: Located, buf: np.ndarray) -> None:
         members = batch.members
-        k = len(members)
-        buf = _chunk_slots(shape, k, reader.dtype)
         g = geom[members].copy()
-        g[:, CHANNEL] = np.arange(k) * nc
-        for j in np.flatnonzero((ext[members] != c).any(axis=1)).tolist():
-            buf[..., j * nc:(j + 1) * nc] = 0  # past the volume's edge: 0
+        g[:, CHANNEL] = np.arange(len(members)) * nc
         codes = got.rows[:, 0]
         if batched:
             read.decode(buf, members, got, g, False, False)
         else:
             read.settle(members, got, g)
         for j, i in enumerate(members.tolist()):
-            if codes[j] < 0:
+            if codes[j] == ABSENT:
                 fn(i, None)
                 continue
             chunk = buf[..., j * nc:(j + 1) * nc]
-            if not batched:
+            if not batched and codes[j] != PLACED:
                 s, off, length = got.rows[j, :3].tolist()
                 data = memoryview(got.sources[s])[off:off + length]
                 cell = tuple(int(v) for v in ext[i])
                 view = stored_view(data, chunk_shape=cell, dtype=reader.dtype, num_channels=nc,
-                                   chunk=_Name(read, i)) if raw_whole and cell == tuple(c) else None
+                                   chunk=_Name(read, i)) if raw_whole and full[i] else None
                 if view is not None:
                     view.flags.writeable = False  # read-only, as documented
                     fn(i, view)
@@ -510,7 +528,13 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
 
     if not remote:
         def run(batch: _Batch) -> None:
-            decode(batch, read.fetch(batch, local=True))
+            buf = slots(batch.members)
+            dests = None
+            if raw_whole:
+                # a whole raw chunk's stored bytes are its slot: read straight there
+                dests = [memoryview(buf[..., j * nc:(j + 1) * nc].T).cast("B") if full[i] else None
+                         for j, i in enumerate(batch.members.tolist())]
+            decode(batch, read.fetch(batch, local=True, dests=dests), buf)
 
         # as many batches at once as there are cores; in the caller's thread where every core
         # has a caller already (a conversion's shard tasks in dask's threads)
@@ -522,7 +546,7 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
 
     def decode_all(fetched: list) -> None:
         for batch, got in fetched:
-            decode(batch, got)
+            decode(batch, got, slots(batch.members))
 
     pipeline(jobs, fetch, decode_all, in_flight=REMOTE_IN_FLIGHT)
 
