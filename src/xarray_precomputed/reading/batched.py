@@ -151,6 +151,9 @@ class _Read:
         self.kind = _kind(reader)
         block = reader.scale_info.compressed_segmentation_block_size
         self.block = tuple(block or ()) if self.kind == 1 else (1, 1, 1)
+        # which chunks the read needs part of (only those may be read as spans)
+        self.partial = (geom[:, EXTENT] != geom[:, SHAPE]).any(axis=1) if self.raw else None
+        self.any_partial = self.partial is not None and bool(self.partial.any())
 
     def name(self, i: int) -> str:
         return self.reader.chunk_name(self.cells[i], int(self.keys[i]))
@@ -179,10 +182,12 @@ class _Read:
     def spans(self, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Byte spans of the raw chunks the box needs part of (see the module's docstring); None
         when every chunk is needed whole."""
-        g = self.geom[members]
-        part = (g[:, EXTENT] != g[:, SHAPE]).any(axis=1)
+        if not self.any_partial:
+            return None
+        part = self.partial[members]  # type: ignore[index]
         if not part.any():
             return None
+        g = self.geom[members]
         es = self.reader.dtype.itemsize
         nc = self.reader.info.num_channels
         counts = np.zeros(len(members), np.int64)
