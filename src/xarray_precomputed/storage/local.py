@@ -231,7 +231,7 @@ class LocalStore(Store):
         root = os.path.join(self.root, "")
         paths = [root + k for k in keys]
         k = 0  # files before k are done; each round reads until the buffer is full
-        buf = buffer if buffer is not None else _aligned_buffer(1 << 20)
+        buf = buffer if buffer is not None else _aligned_buffer(1 << 16)
         got = np.empty((n, 3), np.int64)
         while True:
             try:
@@ -256,7 +256,7 @@ class LocalStore(Store):
                 break
             later = int(np.argmax(is_later))
             # the rest into a buffer of this store's, one that holds at least the next file
-            buf = _aligned_buffer(max(len(memoryview(buf).cast("B")), int(got[k + later, 2]), 1 << 20))
+            buf = _aligned_buffer(max(len(memoryview(buf).cast("B")), int(got[k + later, 2])))
             k += later
         request_counts["read"] += n
         codes = rows[:, 0]
