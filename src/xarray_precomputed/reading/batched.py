@@ -126,7 +126,8 @@ def _scratch_for(name: str, nbytes: int) -> np.ndarray:
 
 
 class _Batch:
-    """The chunks of one batch: positions into the read's cells, their keys and geometry rows."""
+    """The chunks of one batch (positions into the read's cells), and whether they are every
+    chunk of their partition (a shard then fetched whole, from a remote store)."""
 
     __slots__ = ("members", "whole")
 
@@ -248,7 +249,7 @@ class _Read:
             return geom  # every chunk stored, each whole
         big = np.flatnonzero(codes == TOO_LARGE)
         if len(big):
-            raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]), geom[big[0]])
+            raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]))
         absent = np.flatnonzero(codes == ABSENT)
         if len(absent):
             settle_missing(self.reader.fill_missing, self.reader.missing_count, len(absent),
@@ -270,7 +271,7 @@ class _Read:
         es = self.reader.dtype.itemsize
         whole = sx * sy * sz * nc * es
         if int(row[3]) != whole:
-            raise self.too_large(i, int(row[3]), g)
+            raise self.too_large(i, int(row[3]))
         ey, ez = int(g[7]), int(g[8])
         if int(row[2]) == nc * ez * sx * sy * es:
             g[5], g[11] = 0, ez  # z-planes: origin z 0 of ez planes
@@ -280,7 +281,7 @@ class _Read:
             raise CorruptChunkError(f"read {int(row[2])} bytes of spans, which fit no layout",
                                     chunk=self.name(i))
 
-    def too_large(self, i: int, size: int, g) -> CorruptChunkError:
+    def too_large(self, i: int, size: int) -> CorruptChunkError:
         return self.reader.oversized(self.cells[i], int(self.keys[i]), size)
 
     def decode(self, out: np.ndarray, members: np.ndarray, got: Located, geom: np.ndarray,
