@@ -234,7 +234,7 @@ class _Read:
                 continue
             view = out[g[0]:g[0] + g[6], g[1]:g[1] + g[7], g[2]:g[2] + g[8], g[12]:g[12] + nc]
             if view.flags.f_contiguous:
-                got[j] = memoryview(view.T).cast("B")
+                got[j] = view.T.data.cast("B")
                 any_run = True
         return got if any_run else None
 
@@ -538,7 +538,7 @@ def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
             dests = None
             if raw_whole:
                 # a whole raw chunk's stored bytes are its slot: read straight there
-                dests = [memoryview(buf[..., j * nc:(j + 1) * nc].T).cast("B") if full[i] else None
+                dests = [buf[..., j * nc:(j + 1) * nc].T.data.cast("B") if full[i] else None
                          for j, i in enumerate(batch.members.tolist())]
             decode(batch, read.fetch(batch, local=True, dests=dests), buf)
 

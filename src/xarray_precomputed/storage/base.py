@@ -63,7 +63,7 @@ def located(blobs: Sequence[Any]) -> Located:
     """A Located holding each of `blobs` (None: absent) as a source of its own."""
     rows = np.zeros((len(blobs), 4), np.int64)
     rows[:, 0] = ABSENT
-    sources = []
+    sources: list = []
     for i, b in enumerate(blobs):
         if b is not None:
             rows[i] = (len(sources), 0, len(b), len(b))
