@@ -58,11 +58,10 @@ MIN_BATCH_CHUNKS = 4
 # A byte span read costs about as much as copying this many bytes (a `pread` call): a raw chunk
 # a box needs part of is read as spans where bytes + spans * SPAN_COST_BYTES is the least.
 SPAN_COST_BYTES = 16 << 10
-# Local chunk files are read and decoded in runs of about this many bytes: few enough calls that
-# their Python stays small, and what a run read is still in the last-level cache when decoded
-# (em's 256 chunks, C calls alone: runs of 1-8 MiB 25-28 ms, as reading and decoding each file
-# in turn; all at once, 64 MiB, 36-60 ms).
-FILE_RUN_BYTES = 8 << 20
+# Local chunk files are read and decoded in runs of about this many bytes, so that what a run read
+# is still in cache when decoded (em's 256 chunks into a C-ordered result, the C calls alone:
+# runs of 0.5-2 MiB 25-27 ms, as reading and decoding each file in turn; 8 MiB 30-36 ms).
+FILE_RUN_BYTES = 2 << 20
 # Columns of a geometry row (see `_chunk_batch.c`): where a chunk's voxels go in the result
 # (dest), where they start in the chunk (origin), how many (extent), the chunk's shape, and the
 # result's channel the chunk's first channel goes to.
