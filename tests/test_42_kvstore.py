@@ -152,7 +152,7 @@ def test_unsharded_batched_get_whole_and_spans(chunk_files, monkeypatch, read_fi
     np.cumsum([len(s) for s in spans], out=first[1:])
     flat = np.array([s for row in spans for s in row], np.int64).reshape(-1, 2)
     got = kv.get_located(keys, buffer=buffer, spans=(first, flat))
-    for i, k in enumerate(keys.tolist()):
+    for i in range(len(keys)):
         if want[i] is None:
             assert _values(got, i) is None
             continue
