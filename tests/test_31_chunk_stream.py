@@ -14,7 +14,6 @@ import pytest
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import MissingChunkError, PrecomputedError
 from xarray_precomputed.reading import base as base_mod
-from xarray_precomputed.reading import batched
 
 SCALES = [pytest.param(n, k, id=f"{n}-s{k}")
           for n, k in oracle.scale_cases(oracle.names(exclude=("missing",)))]
@@ -176,22 +175,20 @@ def _grid_volume(tmp_path, **kw):
     return r, cells
 
 
-def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch):
-    """Fetched chunks of local shards are held in at most one batch per decode thread plus one,
-    whatever the number of cells: memory is bounded by the batch size, not by the volume."""
-    from xarray_precomputed.util import cpu_pool_size
-
-    r, cells = _grid_volume(tmp_path, sharding=oracle.SHARD_ID_RAW_RAW)
-    monkeypatch.setattr(base_mod, "REMOTE_BATCH_BYTES", 8 * 4 ** 3)   # 8 chunks per batch
-    held = [0, 0]   # now, most
+def _count_held(r, monkeypatch):
+    """Counts the chunks fetched (`KeyValue.get_located`) and not yet handed over: [now, most,
+    largest batch]."""
+    held = [0, 0, 0]
     lock = threading.Lock()
-    fetch = r._fetch
+    kv = r.kv
+    get_located = kv.get_located
 
-    def counting_fetch(group, members, cells):
-        got = fetch(group, members, cells)
+    def counting(keys, **kw):
+        got = get_located(keys, **kw)
         with lock:
-            held[0] += len(got)
-            held[1] = max(held)
+            held[0] += len(keys)
+            held[1] = max(held[:2])
+            held[2] = max(held[2], len(keys))
         return got
 
     def take(i, chunk):
@@ -199,81 +196,32 @@ def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monk
         with lock:
             held[0] -= 1
 
-    r._fetch = counting_fetch
-    if batched._batch is not None:
-        # batched: a batch's stored bytes are located and fetched in one call per batch
-        sources = batched._shard_sources
+    monkeypatch.setattr(kv, "get_located", counting)
+    return held, take
 
-        def counting_sources(reader, shard, ids, *args, **kw):
-            got = sources(reader, shard, ids, *args, **kw)
-            with lock:
-                held[0] += len(ids)
-                held[1] = max(held)
-            return got
 
-        monkeypatch.setattr(batched, "_shard_sources", counting_sources)
+def test_sharded_chunks_held_at_once_do_not_grow_with_the_request(tmp_path, monkeypatch):
+    """Fetched chunks of local shards are held in at most one batch per decode thread plus one,
+    whatever the number of cells: memory is bounded by the batch size, not by the volume."""
+    from xarray_precomputed.util import cpu_pool_size
+
+    r, cells = _grid_volume(tmp_path, sharding=oracle.SHARD_ID_RAW_RAW)
+    monkeypatch.setattr(base_mod, "REMOTE_BATCH_BYTES", 8 * 4 ** 3)   # 8 chunks per batch
+    held, take = _count_held(r, monkeypatch)
     r.for_each_chunk(cells, take)
     assert held[0] == 0
     assert 8 <= held[1] <= (cpu_pool_size() + 1) * 8
 
 
-def test_unsharded_local_chunks_are_read_one_per_task(tmp_path):
-    """Local chunk files: each read goes into the store's per-thread buffer and is consumed from
-    there, so no more chunks are held than there are decode threads, and the tasks waiting are
-    bounded too (`bounded_map`)."""
-    from xarray_precomputed.util import cpu_pool_size
-
+def test_unsharded_local_chunks_are_read_a_batch_per_task(tmp_path, monkeypatch):
+    """Local chunk files: each task reads a batch of them into its thread's buffer (one call of
+    the store) and hands them over from there; at most as many batches at once as there are
+    cores, so the chunks held stay bounded whatever the number of cells."""
     r, cells = _grid_volume(tmp_path)
-    store = r.store
-    held = [0, 0]
-    lock = threading.Lock()
-    read_with = store.read_with
-
-    def counting_read_with(key, consume, **kw):
-        def counted(blob):
-            with lock:
-                held[0] += 1
-                held[1] = max(held)
-            try:
-                return consume(blob)
-            finally:
-                with lock:
-                    held[0] -= 1
-        return read_with(key, counted, **kw)
-
-    store.read_with = counting_read_with
-    if batched._batch is None:
-        try:
-            r.for_each_chunk(cells, lambda i, chunk: time.sleep(0.0002))
-        finally:
-            del store.read_with
-        assert 1 <= held[1] <= cpu_pool_size() and held[0] == 0
-        return
-    # batched: each task reads a batch of chunk files into its thread's buffer and hands them
-    # over from there; at most as many batches at once as there are cores
-    del store.read_with
-    files = batched._read_files
-    most = [0]
-
-    def counting_files(reader, cells_, *args):
-        with lock:
-            held[0] += len(cells_)
-            held[1] = max(held)
-            most[0] = max(most[0], len(cells_))
-        return files(reader, cells_, *args)
-
-    def take(i, chunk):
-        time.sleep(0.0002)
-        with lock:
-            held[0] -= 1
-
-    batched._read_files = counting_files
-    try:
-        r.for_each_chunk(cells, take)
-    finally:
-        batched._read_files = files
+    held, take = _count_held(r, monkeypatch)
+    r.for_each_chunk(cells, take)
     per = -(-len(cells) // (2 * base_mod.running_reads.cores))
-    assert held[0] == 0 and 1 <= most[0] <= per
+    assert held[0] == 0 and 1 <= held[2] <= per
     assert held[1] <= base_mod.running_reads.cores * per
 
 

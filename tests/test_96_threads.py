@@ -229,7 +229,7 @@ def test_minishard_indices_of_a_shard_are_fetched_in_one_round(volumes, monkeypa
     shards, minis = sharding.chunk_location(ids, r.scale_info.sharding)
     assert len(np.unique(shards)) == 1 and len(np.unique(minis)) == 4
     calls = _recording_ranges(monkeypatch)
-    got = r._shards.read_chunks(int(shards[0]), ids, minis, str)
+    got = r.kv.shards.read_chunks(int(shards[0]), ids, minis, str)
     assert sum(b is not None for b in got) > 0
     assert len(calls) == 3, calls  # shard index; the 4 minishard indices; the chunks
     assert calls[1][1] == 4
@@ -247,7 +247,7 @@ def test_overlapping_batched_misses_fetch_each_minishard_index_once(volumes, mon
     _recording_ranges(monkeypatch, delay=0.02)
     r = Volume.open(str(root / "raw_u16_c2_id"), context=ctx).scale(0)
     shards, _ = sharding.chunk_location(np.arange(8, dtype=np.uint64), r.scale_info.sharding)
-    reader = r._shards
+    reader = r.kv.shards
     sets = [[0, 1], [1, 2], [2, 3], [3, 0], [3, 2, 1, 0], [0], [2]]
     barrier = threading.Barrier(THREADS, timeout=30)
     results: dict = {}
@@ -370,8 +370,7 @@ def _wrap_decoders(monkeypatch, around):
 
         monkeypatch.setattr(batched, "_batch", types.SimpleNamespace(
             ChunkDataError=native.ChunkDataError, HAVE_ZLIB=native.HAVE_ZLIB,
-            decode_chunks=wrap(native.decode_chunks),
-            read_chunk_files=wrap(native.read_chunk_files)))
+            decode_chunks=wrap(native.decode_chunks)))
 
 
 def _decoding_threads(monkeypatch):

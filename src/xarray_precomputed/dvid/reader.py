@@ -35,14 +35,11 @@ def load_info(info: Any, *, storage_options: dict | None = None,
         if text.lstrip().startswith("{"):
             return parse_info(text)
         url = strip_scheme_prefix(text)
-        if is_local(url):
+        if is_local(url):  # read through a store like any URL
             path = url[len("file://"):] if url.startswith("file://") else url
-            try:
-                with open(os.path.expanduser(path), "rb") as f:
-                    return parse_info(f.read())
-            except FileNotFoundError:
-                raise InfoError(f"info file {path!r} not found") from None
-        parent, _, name = url.rstrip("/").rpartition("/")
+            parent, name = os.path.split(os.path.abspath(os.path.expanduser(path)))
+        else:
+            parent, _, name = url.rstrip("/").rpartition("/")
         data = open_store(parent, storage_options, context=context).read(name)
         if data is None:
             raise InfoError(f"info file {url!r} not found")

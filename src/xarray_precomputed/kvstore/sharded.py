@@ -12,8 +12,9 @@ import numpy as np
 
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
-from ..format.sharding import chunk_location, shard_filename
-from ..storage import Store
+from ..format.sharding import chunk_location, decode_gzip, shard_filename
+from ..storage import LOCAL_COALESCE_GAP, Store
+from ..storage.base import ABSENT, Located, located
 from .base import KeyValue
 from .shard_files import ShardReader, positions_by_value
 
@@ -48,6 +49,133 @@ class ShardedKeyValue(KeyValue):
             for p, value in zip(pos.tolist(), got):
                 out[p] = value
         return out
+
+    def partition_of(self, keys: np.ndarray) -> np.ndarray:
+        return self.locate(keys)[0].astype(np.int64)
+
+    def read_order(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys, np.uint64)
+        shards, minis = self.locate(keys)
+        return np.lexsort((keys, minis, shards))
+
+    def describe_missing(self, key: int) -> str:
+        shard = int(self.locate(np.array([key], np.uint64))[0][0])
+        tried = self.shards.absent_names(shard)
+        return self.describe(key) + (f" (no shard file: looked for {', '.join(tried)})"
+                                     if tried else "")
+
+    def get_located(self, keys: np.ndarray, *, whole: bool = False, buffer=None,
+                    spans: tuple[np.ndarray, np.ndarray] | None = None,
+                    dests=None, inflate: bool = True) -> Located:
+        """Per shard: its indices, then the values' byte ranges, merged into runs of the file
+        where the store reads locally (no copy per value), as the store fetches ranges
+        otherwise; with `whole`, a shard fetched in one request. Spans and dests are not used:
+        values lie inside shard files."""
+        keys = np.asarray(keys, np.uint64).reshape(-1)
+        n = len(keys)
+        rows = np.zeros((n, 4), np.int64)
+        rows[:, 0] = ABSENT
+        sources: list = []
+        if n:
+            shards, minis = self.locate(keys)
+            for shard, pos in positions_by_value(shards):
+                got, got_rows = self._located_in_shard(shard, keys[pos], minis[pos], whole)
+                got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
+                rows[pos] = got_rows
+                sources += got
+        gzip = self.spec.data_encoding == "gzip"
+        if not gzip or not inflate:
+            return Located(sources, rows, gzip)
+        out: list = [None] * n
+        for i in np.flatnonzero(rows[:, 0] >= 0).tolist():
+            s, off, length = rows[i, :3].tolist()
+            out[i] = decode_gzip(memoryview(sources[s])[off:off + length],
+                                 self.shards.max_chunk_bytes, where=self.describe(int(keys[i])),
+                                 what="chunk data")
+        return located(out)
+
+    def _located_in_shard(self, shard: int, keys: np.ndarray, minis: np.ndarray,
+                          whole: bool) -> tuple[list, np.ndarray]:
+        reader = self.shards
+        n = len(keys)
+        view = None
+        indices = None
+        if whole and self.store.batches_reads:
+            got_whole = reader.fetch_whole_shard(shard, minis, chunks=n)
+            if got_whole is not None:
+                view, indices = got_whole
+        if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
+            indices = reader.minishard_indices(shard, np.unique(minis).tolist())
+        starts = np.zeros(n, np.int64)
+        ends = np.zeros(n, np.int64)
+        found = np.zeros(n, bool)
+        rows = np.zeros((n, 4), np.int64)
+        rows[:, 0] = ABSENT
+        if indices is None:
+            return [], rows
+        for m in np.unique(minis).tolist():
+            at = np.flatnonzero(minis == m)
+            f, s, e = indices[m].lookup(keys[at])
+            found[at], starts[at], ends[at] = f, s, e
+        big = found & (ends - starts > reader.max_chunk_bytes)
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            a, b = int(starts[i]), int(ends[i])
+            raise ShardFormatError(
+                f"data [{a}, {b}) ({b - a} bytes) runs past the end of any value this set can "
+                f"store (at most {reader.max_chunk_bytes} bytes)", chunk=self.describe(int(keys[i])))
+        have = np.flatnonzero(found)
+        if not len(have):
+            return [], rows
+
+        def past_end(i: int) -> ShardFormatError:
+            return ShardFormatError(f"data [{int(starts[i])}, {int(ends[i])}) lies past the end of "
+                                    f"{reader.shard_name(shard)}", chunk=self.describe(int(keys[i])))
+
+        if view is not None:
+            short = have[ends[have] > len(view)]
+            if len(short):
+                raise past_end(int(short[0]))
+            rows[have, 0] = 0
+            rows[have, 1] = starts[have]
+            rows[have, 2] = ends[have] - starts[have]
+            rows[have, 3] = rows[have, 2]
+            return [view], rows
+        if not self.store.batches_reads:
+            # The wanted values' byte ranges merged into a few runs of the file, read at once.
+            by = have[np.argsort(starts[have], kind="stable")]
+            s, e = starts[by], ends[by]
+            reach = np.maximum.accumulate(e)
+            new = np.ones(len(by), bool)
+            new[1:] = s[1:] > reach[:-1] + LOCAL_COALESCE_GAP
+            run = np.cumsum(new) - 1
+            first = np.flatnonzero(new)
+            run_start = s[first]
+            run_end = np.maximum.reduceat(e, first)
+            got = reader.read_file_ranges(shard, list(zip(run_start.tolist(), run_end.tolist())))
+            if got is None:  # the shard file went away since its index was read
+                return [], rows
+            lengths = np.array([len(b) for b in got], np.int64)
+            short = np.flatnonzero(e > run_start[run] + lengths[run])
+            if len(short):
+                raise past_end(int(by[short[0]]))
+            rows[by, 0] = run
+            rows[by, 1] = s - run_start[run]
+            rows[by, 2] = e - s
+            rows[by, 3] = e - s
+            return got, rows
+        got = reader.read_file_ranges(shard, list(zip(starts[have].tolist(), ends[have].tolist())))
+        if got is None:
+            return [], rows
+        lengths = np.array([len(b) for b in got], np.int64)
+        short = np.flatnonzero(lengths != ends[have] - starts[have])
+        if len(short):
+            raise past_end(int(have[short[0]]))
+        rows[have, 0] = np.arange(len(have))
+        rows[have, 1] = 0
+        rows[have, 2] = lengths
+        rows[have, 3] = lengths
+        return got, rows
 
     def get_shard(self, shard: int, keys: np.ndarray) -> list[bytes | None]:
         """As `get_many`, for keys known to lie in one shard."""

@@ -2,23 +2,18 @@
  * reading._chunk_batch: the per-chunk loop of a read, in C, with the GIL released once per batch.
  *
  * A reader hands over a batch (the chunks of a shard, a run of chunk files) as arrays: where each
- * chunk's bytes are, and where its voxels go in the result. Here each chunk is located,
- * inflated (gzip), decoded (raw or compressed_segmentation, with the kernels the per-chunk
- * entry points use) and placed, or zero-filled when it is missing. Python then runs once per
+ * chunk's bytes are (the storage layer read them: this file opens none), and where its voxels go
+ * in the result. Here each chunk is inflated (gzip), decoded (raw or compressed_segmentation,
+ * with the kernels the per-chunk entry points use) and placed, or zero-filled when it is missing.
+ * Python then runs once per
  * batch instead of once per chunk (~200 us of Python per chunk stopped reads scaling at ~8 cores).
  *
  * decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes,
  *               stream, scratch)
  *     src: int64 (n, 3) rows [source index or -1 for a missing chunk, byte offset, byte length]
  *     into `sources` (bytes-like objects).
- * read_chunk_files(out, kind, dtype_name, block, channels, prefix, keys, geom, max_bytes, stream,
- *                  scratch)
- * -> uint8[n]
- *     Chunk files named `prefix` + "x0-x1_y0-y1_z0-z1" (keys: int64 (n, 6)), each read whole:
- *     status 0 placed, 1 no such file. A file larger than max_bytes, or not a regular file, is
- *     refused before it is read.
  *
- * scratch: a writable buffer of the caller's, reused for inflated chunks and file contents (one of
+ * scratch: a writable buffer of the caller's, reused for inflated chunks (one of
  * max_bytes + 1 bytes is never outgrown).
  * geom: int64 (n, 13) rows [dest x y z, origin in the chunk x y z, extent x y z, chunk shape x y z,
  * dest channel]: out[dest + i, dest channel + c] = chunk voxel origin + i of channel c, for
@@ -33,20 +28,10 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#ifdef _WIN32
-#include <io.h>
-#include <windows.h>
-#else
-#include <unistd.h>
-#endif
 #ifdef XP_HAVE_ZLIB
 #include <zlib.h>
 #endif
@@ -66,7 +51,6 @@ enum {
     G_CHANNEL = 12, /* the first channel of out they go to */
     GEOM = 13       /* columns */
 };
-enum { ST_PLACED = 0, ST_ABSENT = 1 };
 #define MSG 320
 
 static PyObject *ChunkDataError;
@@ -531,282 +515,12 @@ done:
     return result;
 }
 
-/* ------------------------------------------------------------------ read_chunk_files */
-
-typedef struct {
-    int fd;
-    int err; /* errno of a failure other than absence */
-} opened;
-
-static opened open_file(const char *path)
-{
-    opened o = {-1, 0};
-#ifdef _WIN32
-    wchar_t wpath[4096];
-    if (MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, wpath, 4096) == 0) {
-        o.err = EINVAL;
-        return o;
-    }
-    o.fd = _wopen(wpath, _O_RDONLY | _O_BINARY | _O_NOINHERIT);
-#else
-    /* non-blocking: a FIFO named like a chunk must not hang the read (it is refused below) */
-    do
-        o.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    while (o.fd < 0 && errno == EINTR);
-#endif
-    if (o.fd < 0)
-        o.err = (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) ? 0 : errno;
-    return o;
-}
-
-/* Reads up to `size` bytes from the start of `fd` into `buf`; the count read, or -1. */
-static int64_t read_all(int fd, char *buf, int64_t size)
-{
-    int64_t got = 0;
-    while (got < size) {
-        int64_t left = size - got;
-#ifdef _WIN32
-        int n = _read(fd, buf + got, (unsigned)(left > 0x40000000 ? 0x40000000 : left));
-#else
-        ssize_t n = read(fd, buf + got, (size_t)(left > 0x40000000 ? 0x40000000 : left));
-#endif
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0)
-            break;
-        got += n;
-    }
-    return got;
-}
-
-static void close_file(int fd)
-{
-#ifdef _WIN32
-    _close(fd);
-#else
-    close(fd);
-#endif
-}
-
-/* The size of an open file: FILE_DIR for a directory, FILE_ODD for anything else that is not a
- * regular file, -1 on failure. */
-#define FILE_DIR (-2)
-#define FILE_ODD (-3)
-static int64_t file_size(int fd)
-{
-#ifdef _WIN32
-    struct _stat64 st;
-    if (_fstat64(fd, &st) != 0)
-        return -1;
-    if ((st.st_mode & _S_IFMT) == _S_IFDIR)
-        return FILE_DIR;
-    if ((st.st_mode & _S_IFMT) != _S_IFREG)
-        return FILE_ODD;
-#else
-    struct stat st;
-    int rc;
-    do
-        rc = fstat(fd, &st);
-    while (rc != 0 && errno == EINTR);
-    if (rc != 0)
-        return -1;
-    if (S_ISDIR(st.st_mode))
-        return FILE_DIR;
-    if (!S_ISREG(st.st_mode))
-        return FILE_ODD;
-#endif
-    return (int64_t)st.st_size;
-}
-
-/* Whether a whole raw chunk's region of `out` is one run laid out as the stored chunk (x fastest,
- * then y, z, channel): the file is then read straight into it. */
-static int stored_run(const batch *B, const int64_t *g)
-{
-    if (B->kind != KIND_RAW || B->gzip)
-        return 0;
-    Py_ssize_t step = B->es;
-    int64_t ext[4] = {g[G_EXTENT], g[G_EXTENT + 1], g[G_EXTENT + 2], (int64_t)B->nc};
-    for (int a = 0; a < 3; a++)
-        if (g[G_ORIGIN + a] != 0 || g[G_EXTENT + a] != g[G_SHAPE + a])
-            return 0;
-    for (int a = 0; a < 4; a++) {
-        if (ext[a] > 1 && B->st[a] != step)
-            return 0;
-        step *= ext[a];
-    }
-    return 1;
-}
-
-static PyObject *read_chunk_files(PyObject *self, PyObject *args)
-{
-    PyObject *out_obj, *block, *keys_obj, *geom_obj;
-    int kind, stream;
-    const char *dtype_name, *prefix;
-    Py_ssize_t prefix_len;
-    unsigned long long max_bytes;
-    (void)self;
-    Py_buffer scratch;
-    Py_ssize_t channels;
-    if (!PyArg_ParseTuple(args, "OisOny#OOKpw*", &out_obj, &kind, &dtype_name, &block, &channels,
-                          &prefix, &prefix_len, &keys_obj, &geom_obj, &max_bytes, &stream,
-                          &scratch))
-        return NULL;
-    batch B;
-    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &scratch) < 0) {
-        PyBuffer_Release(&scratch);
-        return NULL;
-    }
-    if (prefix_len > 3000 || (Py_ssize_t)strlen(prefix) != prefix_len) {
-        PyErr_SetString(PyExc_ValueError, "prefix must be a path without NUL, under 3000 bytes");
-        PyBuffer_Release(&scratch);
-        return NULL;
-    }
-    PyArrayObject *keys = NULL, *geom = NULL, *status = NULL;
-    PyObject *result = NULL;
-    if (batch_rows(&B, out_obj, keys_obj, 6, "keys", geom_obj, &keys, &geom) < 0)
-        goto done;
-    npy_intp n = PyArray_DIM(keys, 0);
-    const int64_t *K = (const int64_t *)PyArray_DATA(keys), *Gm = (const int64_t *)PyArray_DATA(geom);
-    status = (PyArrayObject *)PyArray_ZEROS(1, &n, NPY_UINT8, 0);
-    if (status == NULL)
-        goto done;
-    {
-        uint8_t *st = (uint8_t *)PyArray_DATA(status);
-        char msg[MSG], path[4096];
-        npy_intp bad = -1, failed = -1;
-        int os_err = 0;
-        Py_BEGIN_ALLOW_THREADS
-        memcpy(path, prefix, (size_t)prefix_len);
-        for (npy_intp i = 0; i < n; i++) {
-            const int64_t *k = K + 6 * i, *g = Gm + GEOM * i;
-            snprintf(path + prefix_len, sizeof path - (size_t)prefix_len,
-                     "%lld-%lld_%lld-%lld_%lld-%lld", (long long)k[0], (long long)k[1],
-                     (long long)k[2], (long long)k[3], (long long)k[4], (long long)k[5]);
-            opened f = open_file(path);
-            if (f.fd < 0) {
-                if (f.err) {
-                    os_err = f.err;
-                    failed = i;
-                    break;
-                }
-                st[i] = ST_ABSENT;
-                continue;
-            }
-            int64_t size = file_size(f.fd);
-            if (size == FILE_DIR) {
-                close_file(f.fd);
-                st[i] = ST_ABSENT;
-                continue;
-            }
-            if (size == -1) {
-                os_err = errno;
-                failed = i;
-                close_file(f.fd);
-                break;
-            }
-            if (size == FILE_ODD || (uint64_t)size > B.max_bytes) {
-                /* no chunk is stored so: refused before anything is read */
-                close_file(f.fd);
-                if (size == FILE_ODD)
-                    snprintf(msg, MSG, "the chunk's file is not a regular file");
-                else if (B.kind == KIND_RAW)
-                    snprintf(msg, MSG,
-                             "raw chunk is %lld bytes, expected %llu for shape [%lld, %lld, %lld] "
-                             "x %zd channel(s) of %s", (long long)size,
-                             (unsigned long long)g[G_SHAPE] * g[G_SHAPE + 1] * g[G_SHAPE + 2] * B.nc *
-                                 B.es,
-                             (long long)g[G_SHAPE], (long long)g[G_SHAPE + 1],
-                             (long long)g[G_SHAPE + 2], B.nc,
-                             B.dtype_name);
-                else
-                    snprintf(msg, MSG, "chunk file is %lld bytes, more than any chunk of this "
-                             "scale can store (at most %llu bytes)", (long long)size,
-                             (unsigned long long)B.max_bytes);
-                bad = i;
-                break;
-            }
-            int64_t got;
-            if (stored_run(&B, g) &&
-                (uint64_t)size ==
-                    (uint64_t)g[G_SHAPE] * g[G_SHAPE + 1] * g[G_SHAPE + 2] * B.nc * B.es) {
-                char *dst = dest_of(&B, g);
-                got = read_all(f.fd, dst, size);
-                if (got == size) {
-                    close_file(f.fd);
-                    continue;
-                }
-                /* a file that changed while read: decoded from a copy below, which says what
-                 * is wrong with it */
-                if (got >= 0) {
-                    if (grow(&B, (size_t)(got ? got : 1), 0, SIZE_MAX) < 0) {
-                        close_file(f.fd);
-                        break;
-                    }
-                    memcpy(B.scratch, dst, (size_t)got);
-                }
-            } else {
-                if (grow(&B, (size_t)(size ? size : 1), 0, SIZE_MAX) < 0) {
-                    close_file(f.fd);
-                    break;
-                }
-                got = read_all(f.fd, (char *)B.scratch, size);
-            }
-            if (got < 0) {
-                os_err = errno;
-                failed = i;
-                close_file(f.fd);
-                break;
-            }
-            close_file(f.fd);
-            /* the file is decoded from the scratch buffer: gzip is never set for chunk files, so
-             * decode_one does not reuse that buffer underneath */
-            if (decode_one(&B, g, B.scratch, (uint64_t)got, msg) < 0) {
-                bad = i;
-                break;
-            }
-        }
-        finish(&B);
-        Py_END_ALLOW_THREADS
-        if (B.oom) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (failed >= 0) {
-            errno = os_err;
-            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
-            goto done;
-        }
-        if (bad >= 0) {
-            data_error(bad, msg);
-            goto done;
-        }
-    }
-    result = (PyObject *)status;
-    status = NULL;
-done:
-    if (B.owned)
-        free(B.scratch);
-    PyBuffer_Release(&scratch);
-    Py_XDECREF(keys);
-    Py_XDECREF(geom);
-    Py_XDECREF(status);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"decode_chunks", decode_chunks, METH_VARARGS,
      "decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes, "
      "stream, "
      "scratch): "
      "decode a batch of stored chunks into their regions of out, GIL released."},
-    {"read_chunk_files", read_chunk_files, METH_VARARGS,
-     "read_chunk_files(out, kind, dtype_name, block, channels, prefix, keys, geom, max_bytes, "
-     "stream, "
-     "scratch) -> "
-     "status: read and decode a batch of chunk files, GIL released."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -23,12 +23,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..context import Context, default_context, resolve
-from ..errors import MissingChunkError, PrecomputedError
+from ..errors import PrecomputedError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
 from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, settle, wait_all
 from .chunk_cache import ChunkCacheLike, read_through
-from .missing import record_filled
+from .missing import settle_missing
 from .result_memory import ResultMemory
 from .selection import (
     as_index,
@@ -57,6 +57,10 @@ INLINE_DECODE_BYTES = 4 << 20
 REMOTE_BATCH = 32
 REMOTE_BATCH_BYTES = 16 << 20
 REMOTE_IN_FLIGHT = IO_THREADS
+# A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
+# decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded
+# size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
+WHOLE_SHARD_MAX_BYTES = 256 << 20
 
 
 class _RunningReads:
@@ -235,7 +239,7 @@ class ChunkedScaleReader(ABC):
         """How a remote read of `n` chunks in `groups` is fetched: (batches of (group, members),
         how many may be in flight at once, the most fetched chunks one decode task takes or
         None for a whole batch)."""
-        per = self._remote_batch(n, self.spread_batches)
+        per = self.remote_batch(n, self.spread_batches)
         return ([(g, m[k:k + per]) for g, m in groups for k in range(0, len(m), per)],
                 REMOTE_IN_FLIGHT, None)
 
@@ -314,13 +318,13 @@ class ChunkedScaleReader(ABC):
         return data if channels == slice(0, self.info.num_channels, 1) else data[..., channels]
 
     # -- the machinery
-    def _cell_shape(self, cell) -> tuple[int, int, int]:
+    def cell_shape(self, cell) -> tuple[int, int, int]:
         # Python ints: arithmetic on the numpy scalars of a row of `cells` cost ~10 us a chunk
         gx, gy, gz = cell.tolist() if isinstance(cell, np.ndarray) else cell
         (cx, cy, cz), (nx, ny, nz) = self.chunk_size, self.scale_info.size
         return min(cx, nx - gx * cx), min(cy, ny - gy * cy), min(cz, nz - gz * cz)
 
-    def _remote_batch(self, n: int, spread: bool) -> int:
+    def remote_batch(self, n: int, spread: bool) -> int:
         """Chunks per remote batch for a read of `n` chunks: bounded in count and bytes and, with
         `spread`, small enough that the batches of a small read are decoded by every worker."""
         chunk_bytes = math.prod(self.chunk_size) * self.info.num_channels * self.dtype.itemsize
@@ -358,7 +362,7 @@ class ChunkedScaleReader(ABC):
         return out.nbytes >= (STREAM_RESULT_BYTES if self.streams_blocks else LARGE_RESULT_BYTES)
 
     def _place(self, data, cell, job, out: np.ndarray, name) -> None:
-        shape = self._cell_shape(cell)
+        shape = self.cell_shape(cell)
         if all(isinstance(p.dest, slice) for p in job):
             view = out[job[0].dest, job[1].dest, job[2].dest]
             self._decode(data, view, origin=tuple(p.local.start for p in job), chunk_shape=shape,
@@ -372,9 +376,7 @@ class ChunkedScaleReader(ABC):
         out[dest_index(job)] = tmp[np.ix_(*src_idx)]
 
     def _missing(self, name, job, out: np.ndarray, zeroed: bool) -> None:
-        if not self.fill_missing:
-            raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
-        record_filled(self.missing_count)
+        settle_missing(self.fill_missing, self.missing_count, 1, lambda: name)
         if not zeroed:
             out[dest_index(job)] = 0
 
@@ -394,7 +396,7 @@ class ChunkedScaleReader(ABC):
             job = jobs[i]
             if not plain or not all(isinstance(p.dest, slice) for p in job):
                 return None
-            shape = self._cell_shape(cells[i])
+            shape = self.cell_shape(cells[i])
             if any(p.local != slice(0, n) for p, n in zip(job, shape)):
                 return None   # part of the chunk: decoded from its bytes as usual
             view = out[job[0].dest, job[1].dest, job[2].dest]

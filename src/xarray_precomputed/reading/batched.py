@@ -1,21 +1,25 @@
-"""Reads whose per-chunk loop runs in C: boxes of raw or compressed_segmentation scales, and
-`for_each_chunk` of them, local or remote.
+"""Reads in batches of chunks: a box of a scale, and `for_each_chunk` over any set of grid cells.
 
-Python here runs once per batch (a shard's chunks, or part of them; a run of chunk files): the
-read's grid cells, their places in the result and their chunk names are numpy arrays, and one
-call of the `_chunk_batch` extension locates, inflates, decodes and places every chunk of a batch
-with the GIL released. Python per chunk (~200 us of it, under the GIL) stopped reads scaling at
-about 8 cores; per batch, a read of n chunks holds the GIL for a few batches' worth of Python.
+Python here runs once per batch (a partition's chunks — a shard's, or a run of chunk files — or
+part of them): the read's grid cells, their keys and their places in the result are numpy arrays.
+A batch's values come from the key-value layer located in a few buffers (`KeyValue.get_located`:
+local chunk files are read by the store in one call, shards as merged runs of their files), and
+one call of the `_chunk_batch` extension inflates, decodes and places every chunk of a batch with
+the GIL released. Python per chunk (~200 us of it, under the GIL) stopped reads scaling at about
+8 cores; per batch, a read of n chunks holds the GIL for a few batches' worth of Python.
+
+A raw chunk a box covers only in part is read as the byte spans it needs (whole z-planes, or
+per plane the rows it needs, whichever costs less), where the store reads spans cheaply.
 
 From a remote store, batches are fetched on the I/O pool, many at once, and decoded on the
-decode pool as they arrive. Anything outside that (index selections, other encodings, local chunk
-files stored compressed, chunk files larger than any chunk, a build without zlib for gzip shards)
-goes through the per-chunk path, which the numpy-only installation also takes (`_native`).
+decode pool as they arrive. Encodings the extension does not decode (and builds without it) are
+decoded chunk by chunk from the same batches (`for_each_chunk`), or through the reader base's
+per-chunk path (boxes).
 """
 
 from __future__ import annotations
 
-import os
+import math
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -23,13 +27,23 @@ import numpy as np
 
 from .._native import load
 from ..codecs import get_codec
-from ..errors import CorruptChunkError, MissingChunkError, ShardFormatError
-from ..format.morton import compressed_morton
-from ..format.sharding import chunk_location, decode_gzip, inflates_with_libdeflate
-from ..storage.local import LOCAL_COALESCE_GAP, LocalStore
-from .missing import record_filled
+from ..codecs.raw import stored_view
+from ..errors import CorruptChunkError
+from ..format.sharding import decode_gzip, inflates_with_libdeflate
+from ..storage.base import ABSENT, PLACED, TOO_LARGE, Located
+from . import base
+from .base import (
+    INLINE_DECODE_BYTES,
+    REMOTE_BATCH_BYTES,
+    REMOTE_IN_FLIGHT,
+    WHOLE_SHARD_MAX_BYTES,
+    bounded_map,
+    map_reads,
+    pipeline,
+)
+from .missing import settle_missing
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for annotations only: volume.py imports this module, never the reverse
     from .volume import ScaleReader
 
 _batch = load("xarray_precomputed.reading._chunk_batch")
@@ -48,18 +62,12 @@ class GeomColumns(NamedTuple):
     columns: int
 
 
-GEOM = GeomColumns(*(getattr(_batch, "GEOM_" + f.upper()) for f in GeomColumns._fields)) \
-    if _batch is not None else None
+GEOM = GeomColumns(dest=_batch.GEOM_DEST, origin=_batch.GEOM_ORIGIN, extent=_batch.GEOM_EXTENT,
+                   shape=_batch.GEOM_SHAPE, channel=_batch.GEOM_CHANNEL,
+                   columns=_batch.GEOM_COLUMNS) if _batch is not None else None
 # The extension's number for each decoder a codec's `batch_kind` names.
 KINDS = {name: getattr(_batch, "KIND_" + name.upper()) for name in ("raw", "cseg")} \
     if _batch is not None else {}
-
-
-def kind_of(reader: ScaleReader) -> int | None:
-    """The extension's number for the scale's decoder, or None where the extension has none or
-    is not built."""
-    name = get_codec(reader.scale_info.encoding).batch_kind
-    return None if name is None else KINDS.get(name)
 
 # Batches per decode thread of a read spread over the pool: enough that threads finishing early
 # find more, few enough that the Python of each batch stays small against its chunks.
@@ -67,8 +75,23 @@ BATCHES_PER_CORE = 4
 # Chunks of a batch at least, where a read is spread over the pool: a batch costs its thread
 # hand-off and its Python (a dask block of 8 seg chunks split in 8 held the GIL ~170 us a chunk).
 MIN_BATCH_CHUNKS = 4
-# The longest folder path of chunk files the extension takes (its buffer, less a name).
-_LONGEST_PREFIX = 2900
+# A byte span read is counted as copying this many bytes (a `pread` call): a raw chunk a box needs
+# part of is read as spans where bytes + spans * SPAN_COST_BYTES is the least. Random 64^3 crops
+# of 128x128x32 uint8 chunk files (crops/s, 2 cores, shared): 4 KiB 1610-1700, 16 KiB 1530-1560,
+# whole files 1200-1565 (a lone call measures ~0.65 us a span; whole files also evict the cache).
+SPAN_COST_BYTES = 4 << 10
+# Local chunk files are read and decoded in runs of about this many bytes, so that what a run read
+# is still in cache when decoded (em's 256 chunks into a C-ordered result, the C calls alone:
+# runs of 0.5-2 MiB 25-27 ms, as reading and decoding each file in turn; 8 MiB 30-36 ms). Into a
+# Fortran-ordered result (row copies, not transposes) runs of 8 MiB cost no more, and a quarter
+# of the calls and their Python under the GIL.
+FILE_RUN_BYTES = 2 << 20
+FILE_RUN_BYTES_ROWS = 8 << 20
+# gzip chunks are inflated by libdeflate before the extension decodes them (decode_gzip: 2-3x
+# zlib's speed, the same streams accepted): inflating was half of a random 64^3 crop of seg's
+# CPU. In parts of at most this many inflated bytes, each one call of the extension.
+INFLATE_FIRST = inflates_with_libdeflate()
+INFLATED_PART_BYTES = 8 << 20
 
 
 def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
@@ -96,75 +119,294 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
     return cells.reshape(-1, 3), geom.reshape(-1, GEOM.columns)
 
 
-def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
-    """Whether this read can take the batched path."""
-    if _batch is None or not all(isinstance(s, slice) for s in sel):
-        return False
+def kind_of(reader: ScaleReader) -> int | None:
+    """The extension's number for the scale's decoder (`Codec.batch_kind` names it), or None
+    where the extension has none or is not built."""
+    name = get_codec(reader.scale_info.encoding).batch_kind
+    return None if name is None else KINDS.get(name)
+
+
+def decodes_in_batches(reader: ScaleReader, dtype: np.dtype) -> bool:
+    """Whether the extension decodes this scale's chunks into results of `dtype`."""
     kind = kind_of(reader)
-    if kind is None or not out.dtype.isnative:
+    if _batch is None or kind is None or not dtype.isnative:
         return False
-    if kind == KINDS["raw"] and not reader.stores_plain_voxels and out.dtype.itemsize > 1:
-        return False  # a big-endian machine: the per-chunk path converts
-    store = reader.store
-    sharding = reader.scale_info.sharding
-    if sharding is not None and sharding.data_encoding == "gzip" and not _batch.HAVE_ZLIB:
-        return False  # built without zlib: the per-chunk path inflates
-    if store.batches_reads:
-        return True  # a remote store: fetched in batches, each decoded in one call
-    if not isinstance(store, LocalStore):
-        return False
-    if sharding is None:
-        if len(os.fsencode(store.file_path(reader.scale_info.path))) > _LONGEST_PREFIX:
-            return False  # longer than the extension's path buffer takes
-        # a folder of compressed chunk files (CloudFiles' `.gz`): each is decoded whole by the store
-        return store.folder_form(reader.scale_info.path) in (None, "")
-    return True
+    # a big-endian machine: raw wider than a byte is converted chunk by chunk
+    return not (kind == KINDS["raw"] and not reader.stores_plain_voxels and dtype.itemsize > 1)
+
+
+def usable(reader: ScaleReader, sel, out: np.ndarray) -> bool:
+    """Whether this box read can take the batched path."""
+    return all(isinstance(s, slice) for s in sel) and decodes_in_batches(reader, out.dtype)
+
+
+_scratch = threading.local()
+
+
+def _scratch_for(name: str, nbytes: int) -> np.ndarray:
+    """This thread's reused buffer `name` ("files": values read from storage; "inflate": gzip
+    output), at least `nbytes`: a fresh one per batch is a fresh mapping, a page fault per 4 KiB
+    touched (dask.distributed's workers fix glibc's mmap threshold at 128 KiB)."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or len(buf) < nbytes:
+        buf = np.empty(nbytes, np.uint8)
+        setattr(_scratch, name, buf)
+    return buf
+
+
+class _Batch:
+    """The chunks of one batch (positions into the read's cells), and whether they are every
+    chunk of their partition (a shard then fetched whole, from a remote store)."""
+
+    __slots__ = ("members", "whole")
+
+    def __init__(self, members: np.ndarray, whole: bool = False):
+        self.members = members
+        self.whole = whole
+
+
+class _Read:
+    """What every batch of one read shares: cells, keys, geometry, the reader."""
+
+    def __init__(self, reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, *,
+                 in_c: bool = True):
+        self.reader = reader
+        self.in_c = in_c  # decoded by the extension (which inflates gzip values itself)
+        self.cells = cells
+        self.geom = geom
+        self.keys = reader.chunk_keys(cells)
+        self.kv = reader.kv
+        nc = reader.info.num_channels
+        self.chunk_bytes = math.prod(reader.chunk_size) * nc * reader.dtype.itemsize
+        self.raw = get_codec(reader.scale_info.encoding).plain
+        self.kind = kind_of(reader)
+        block = reader.scale_info.compressed_segmentation_block_size
+        self.block = tuple(block or ()) if self.kind == KINDS.get("cseg") else (1, 1, 1)
+        # which chunks the read needs part of (only those may be read as spans)
+        G = GEOM
+        self.partial = None
+        if self.raw and G is not None:
+            self.partial = (geom[:, G.extent:G.extent + 3] != geom[:, G.shape:G.shape + 3]).any(axis=1)
+        self.any_partial = self.partial is not None and bool(self.partial.any())
+
+    def name(self, i: int) -> str:
+        return self.reader.chunk_name(self.cells[i], int(self.keys[i]))
+
+    # -- fetching
+    def groups(self) -> list[np.ndarray]:
+        """Positions of the read's chunks grouped by partition (a shard, or every chunk file),
+        each in the order its partition stores them."""
+        order = self.kv.read_order(self.keys)
+        parts = self.kv.partition_of(self.keys)[order]
+        return np.split(order, np.flatnonzero(np.diff(parts)) + 1)
+
+    def fetch(self, batch: _Batch, *, local: bool, out: np.ndarray | None = None,
+              dests: list | None = None) -> Located:
+        """The stored bytes of a batch's chunks. `local`: decoded next in this thread, so they
+        may go into its reused buffer. `out`: the result, whose regions whole raw chunks are
+        read straight into where each is one run of it (or `dests`, those regions given)."""
+        m = batch.members
+        spans = self.spans(m) if self.raw and local else None
+        if dests is None and out is not None and local:
+            dests = self.dests(m, out)
+        buffer = _scratch_for("files", min(len(m) * self.chunk_bytes, 64 << 20) + 1) if local else None
+        return self.kv.get_located(self.keys[m], whole=batch.whole, buffer=buffer, spans=spans,
+                                   dests=dests, inflate=not self.in_c)
+
+    def spans(self, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Byte spans of the raw chunks the box needs part of (see the module's docstring); None
+        when every chunk is needed whole."""
+        if not self.any_partial:
+            return None
+        part = self.partial[members]  # type: ignore[index]
+        if not part.any():
+            return None
+        es = self.reader.dtype.itemsize
+        nc = self.reader.info.num_channels
+        counts = [0] * len(members)
+        spans: list[tuple[int, int]] = []  # Python ints: a crop's few chunks cost no numpy calls
+        rows = self.geom[members].tolist()
+        G = GEOM
+        assert G is not None
+        for j in np.flatnonzero(part).tolist():
+            g = rows[j]
+            sx, sy, sz = g[G.shape:G.shape + 3]
+            oy, oz = g[G.origin + 1:G.origin + 3]
+            ey, ez = g[G.extent + 1:G.extent + 3]
+            plane = sx * sy * es
+            whole = sx * sy * sz * nc * es
+            by_planes = nc * ez * plane + nc * SPAN_COST_BYTES
+            by_rows = nc * ez * (ey * sx * es + SPAN_COST_BYTES)
+            if min(by_planes, by_rows) >= whole + SPAN_COST_BYTES:
+                continue
+            if by_planes <= by_rows:
+                spans += [((c * sz + oz) * plane, ez * plane) for c in range(nc)]
+                counts[j] = nc
+            else:
+                row = ey * sx * es
+                spans += [((c * sz + z) * plane + oy * sx * es, row)
+                          for c in range(nc) for z in range(oz, oz + ez)]
+                counts[j] = nc * ez
+        if not spans:
+            return None
+        first = np.zeros(len(members) + 1, np.int64)
+        np.cumsum(counts, out=first[1:])
+        return first, np.array(spans, np.int64).reshape(-1, 2)
+
+    def dests(self, members: np.ndarray, out: np.ndarray) -> list | None:
+        """Per chunk, the region of `out` its stored bytes are, where a whole raw chunk is one
+        run of a Fortran-ordered result (1024x1024x1 planes of a whole read), else None."""
+        if not (self.raw and self.reader.stores_plain_voxels and out.flags.f_contiguous):
+            return None
+        c = self.reader.chunk_size
+        if out.shape[0] > c[0] or out.shape[1] > c[1]:
+            return None  # a chunk's region is then never one run
+        got: list = [None] * len(members)
+        any_run = False
+        nc = self.reader.info.num_channels
+        G = GEOM
+        assert G is not None
+        for j, g in enumerate(self.geom[members].tolist()):
+            d, o, e = G.dest, G.origin, G.extent
+            if g[o:o + 3] != [0, 0, 0] or g[e:e + 3] != g[G.shape:G.shape + 3]:
+                continue
+            ch = g[G.channel]
+            view = out[g[d]:g[d] + g[e], g[d + 1]:g[d + 1] + g[e + 1], g[d + 2]:g[d + 2] + g[e + 2],
+                       ch:ch + nc]
+            if view.flags.f_contiguous:
+                got[j] = view.T.data.cast("B")
+                any_run = True
+        return got if any_run else None
+
+    # -- decoding
+    def settle(self, members: np.ndarray, got: Located, geom: np.ndarray) -> np.ndarray:
+        """Geometry rows of a batch as its values came (spans honoured: the packed chunk's own
+        rows), after the checks that need no decoding; absent chunks settled by the one missing
+        rule. The rows' first column stays the values' rows (ABSENT, PLACED, source)."""
+        rows = got.rows
+        codes = rows[:, 0]
+        if codes.min() >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
+            return geom  # every chunk stored, each whole
+        big = np.flatnonzero(codes == TOO_LARGE)
+        if len(big):
+            raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]))
+        absent = np.flatnonzero(codes == ABSENT)
+        if len(absent):
+            settle_missing(self.reader.fill_missing, self.reader.missing_count, len(absent),
+                           lambda: self.reader.missing_name(self.cells[members[absent[0]]],
+                                                           int(self.keys[members[absent[0]]])))
+        if self.raw:
+            packed = np.flatnonzero((codes >= 0) & (rows[:, 2] != rows[:, 3]))
+            if len(packed):
+                geom = geom.copy()
+                for j in packed.tolist():
+                    self.repack(j, int(members[j]), rows[j], geom)
+        return geom
+
+    def repack(self, j: int, i: int, row: np.ndarray, geom: np.ndarray) -> None:
+        """Row j read as spans: its geometry becomes the packed chunk's (planes, or rows)."""
+        G = GEOM
+        assert G is not None
+        g = geom[j]
+        sx, sy, sz = g[G.shape:G.shape + 3].tolist()
+        nc = self.reader.info.num_channels
+        es = self.reader.dtype.itemsize
+        whole = sx * sy * sz * nc * es
+        if int(row[3]) != whole:
+            raise self.too_large(i, int(row[3]))
+        ey, ez = int(g[G.extent + 1]), int(g[G.extent + 2])
+        oy, oz, hy, hz = G.origin + 1, G.origin + 2, G.shape + 1, G.shape + 2
+        if int(row[2]) == nc * ez * sx * sy * es:
+            g[oz], g[hz] = 0, ez  # z-planes: origin z 0 of ez planes
+        elif int(row[2]) == nc * ez * ey * sx * es:
+            g[oy], g[oz], g[hy], g[hz] = 0, 0, ey, ez  # rows of each plane
+        else:
+            raise CorruptChunkError(f"read {int(row[2])} bytes of spans, which fit no layout",
+                                    chunk=self.name(i))
+
+    def too_large(self, i: int, size: int) -> CorruptChunkError:
+        return self.reader.oversized(self.cells[i], int(self.keys[i]), size)
+
+    def decode(self, out: np.ndarray, members: np.ndarray, got: Located, geom: np.ndarray,
+               zeroed: bool, stream: bool) -> None:
+        """One call of the extension: the batch's chunks decoded into their `geom` regions of
+        `out`, absent ones zero-filled unless `out` came zeroed."""
+        geom = self.settle(members, got, geom)
+        rows = got.rows
+        codes = rows[:, 0]
+        if codes.min() < 0:
+            keep = codes >= 0 if zeroed else codes != PLACED
+            if not keep.all():
+                rows, geom, members = rows[keep], geom[keep], members[keep]
+            if not len(rows):
+                return
+            src = np.ascontiguousarray(rows[:, :3])
+            src[src[:, 0] < 0, 0] = -1
+        else:
+            src = np.ascontiguousarray(rows[:, :3])
+        limit = self.reader.max_stored_bytes
+        gzip = got.gzip
+        first = gzip and (INFLATE_FIRST or not _batch.HAVE_ZLIB)  # type: ignore[union-attr]
+        parts = self.inflated(members, got.sources, src) if first else \
+            [(slice(None), got.sources, src)]
+        in_c = gzip and not first
+        for part, sources, part_src in parts:
+            try:
+                _batch.decode_chunks(out, self.kind,  # type: ignore[union-attr]
+                                     self.reader.info.dtype.name, self.block,
+                                     self.reader.info.num_channels, sources,
+                                     np.ascontiguousarray(part_src),
+                                     np.ascontiguousarray(geom[part]), in_c, limit, stream,
+                                     _scratch_for("inflate", limit + 1 if in_c else 0))
+            except _batch.ChunkDataError as e:  # type: ignore[union-attr]
+                j, msg = e.args
+                raise CorruptChunkError(msg, chunk=self.name(int(members[part][j]))) from None
+
+    def inflated(self, members, sources, src):
+        """(positions, sources, rows) per part of a batch of gzip values, each value inflated
+        here (libdeflate where installed, else a build without zlib): parts of at most
+        INFLATED_PART_BYTES, each one call of the extension."""
+        limit = self.reader.max_stored_bytes
+        views = [memoryview(b).cast("B") for b in sources]
+        start, size = 0, 0
+        inflated: list = []
+        part_src = src.copy()
+        for j, (k, off, n) in enumerate(src.tolist()):
+            if k >= 0:
+                try:
+                    blob = decode_gzip(views[k][off:off + n], limit, where="", what="chunk data")
+                except CorruptChunkError as e:
+                    raise CorruptChunkError(str(e), chunk=self.name(int(members[j]))) from None
+                part_src[j] = (len(inflated), 0, len(blob))
+                inflated.append(blob)
+                size += len(blob)
+            if size >= INFLATED_PART_BYTES or j + 1 == len(src):
+                yield slice(start, j + 1), inflated, part_src[start:j + 1]
+                start, size, inflated = j + 1, 0, []
 
 
 def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
              inline: bool) -> None:
     """Read the box `sel` into `out` in batches (see the module's docstring)."""
-    from .base import bounded_map, running_reads  # base imports this module
-
     cells, geom = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
+    read = _Read(reader, cells, geom)
     if reader.store.batches_reads:
-        _read_remote(reader, cells, geom, out, zeroed, stream)
+        _read_remote(read, out, zeroed, stream)
         return
     n = len(cells)
-    sharding = reader.scale_info.sharding
-    # Chunk files are spread over the pool however small the read (each waits on the disk); the
-    # chunks of a shard only when there is enough to decode.
-    spread = not inline and n > 1 and (sharding is None or out.nbytes > _INLINE_BYTES)
-    pieces = min(BATCHES_PER_CORE * running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
-    pieces = max(1, pieces)
-    jobs: list = []
-    # Pieces decoded at once must write disjoint pages of the result: pieces of one run of
-    # cells are slabs of it, and shards are taken in page order (two halves of a shard in
-    # minishard order, or two shards side by side along x in a Fortran-ordered result, faulted
-    # in the same pages at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
-    if sharding is None:
-        order = _slab_order(cells, out)
-        jobs = [(None, part) for part in np.array_split(order, min(n, pieces)) if len(part)]
-    else:
-        ids, minis, shards, groups = _by_shard(reader, cells)
-        # whole shards while there are as many as cores
-        per = 1 if len(groups) >= running_reads.cores else max(1, -(-pieces // len(groups)))
-        firsts = np.array([g[0] for g in groups])
-        for k in _page_order(cells[firsts], out).tolist():
-            members = groups[k]
-            if per > 1:
-                members = members[_slab_order(cells[members], out)]
-            for part in np.array_split(members, min(len(members), per)):
-                jobs.append((int(shards[part[0]]), part))
-        context = (ids, minis)
+    jobs: list[np.ndarray] = [_ONE] if n == 1 else _local_jobs(read, out, inline)
 
-    def run(job) -> None:
-        shard, members = job
-        if shard is None:
-            _read_files(reader, cells[members], geom[members], out, zeroed, stream)
-        else:
-            _read_shard_part(reader, shard, context[0][members], context[1][members],
-                             cells[members], geom[members], out, zeroed, stream)
+    step = len(cells)
+    if read.kv.one_object_per_key:
+        # files read into the buffer are decoded while it is still in cache
+        rows = out.strides[0] == out.itemsize  # x fastest: chunks copied as rows
+        step = max(1, (FILE_RUN_BYTES_ROWS if rows else FILE_RUN_BYTES) // read.chunk_bytes)
+
+    def run(members: np.ndarray) -> None:
+        for k in range(0, len(members), step):
+            part = members[k:k + step]
+            got = read.fetch(_Batch(part), local=True, out=out)
+            read.decode(out, part, got, geom[part], zeroed, stream)
 
     if len(jobs) == 1 or inline:
         for job in jobs:
@@ -172,65 +414,35 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
         return
     # as many batches at once as there are cores (the pool has twice as many threads, for reads
     # that wait on a disk or a network)
-    bounded_map(reader.context.cpu_pool(), run, jobs, window=running_reads.cores)
+    bounded_map(reader.context.cpu_pool(), run, jobs, window=base.running_reads.cores)
 
 
-_INLINE_BYTES = 4 << 20  # as base.INLINE_DECODE_BYTES: a smaller result is decoded by the caller
-_scratch = threading.local()
+_ONE = np.zeros(1, np.intp)
 
 
-def _scratch_for(nbytes: int) -> np.ndarray:
-    """This thread's reused buffer for inflated chunks and file contents, at least `nbytes`: a
-    fresh one per batch is a fresh mapping, a page fault per 4 KiB touched (dask.distributed's
-    workers fix glibc's mmap threshold at 128 KiB)."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < nbytes:
-        buf = _scratch.buf = np.empty(nbytes, np.uint8)
-    return buf
-
-
-def _common(reader: ScaleReader, out: np.ndarray):
-    kind = kind_of(reader)
-    block = (tuple(reader.scale_info.compressed_segmentation_block_size or ())
-             if kind == KINDS["cseg"] else (1, 1, 1))
-    return kind, reader.info.dtype.name, block
-
-
-def _read_files(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
-                zeroed: bool, stream: bool) -> np.ndarray:
-    """Local chunk files read and decoded into their `geom` regions of `out`; the rows whose
-    chunk is missing (zero-filled unless `out` came zeroed)."""
-    s = reader.scale_info
-    store: LocalStore = reader.store  # type: ignore[assignment]
-    prefix = os.fsencode(os.path.join(store.file_path(s.path), ""))
-    c = np.asarray(reader.chunk_size, dtype=np.int64)
-    begin = cells * c
-    end = np.minimum(begin + c, np.asarray(s.size, dtype=np.int64))
-    off = np.asarray(s.voxel_offset, dtype=np.int64)
-    keys = np.stack([begin[:, 0], end[:, 0], begin[:, 1], end[:, 1], begin[:, 2], end[:, 2]],
-                    axis=1) + np.repeat(off, 2)
-    kind, dtype_name, block = _common(reader, out)
-    # A raw chunk file is exactly its voxels: a larger one is refused at that size.
-    limit = (int(np.prod(c)) * reader.info.num_channels * reader.dtype.itemsize
-             if get_codec(s.encoding).plain else reader._max_stored_bytes())
-    try:
-        status = _batch.read_chunk_files(out, kind, dtype_name, block,  # type: ignore[union-attr]
-                                         reader.info.num_channels, prefix, keys, geom, limit,
-                                         stream, _scratch_for(limit + 1))
-    except _batch.ChunkDataError as e:  # type: ignore[union-attr]
-        i, msg = e.args
-        raise CorruptChunkError(msg, chunk=reader._describe_unsharded(cells[i])) from None
-    except OSError as e:
-        raise store.failure(e) from e
-    left = np.flatnonzero(status)
-    # absent ones are counted by the one-by-one reads below
-    store.count("read", len(cells) - len(left))
-    if len(left) < len(cells):
-        store.found_plain(s.path)  # an absent chunk is then not looked for under other names
-    if not len(left):
-        return left
-    # absent here (perhaps stored compressed beside: the store looks), or larger than any chunk
-    return left[reader._read_cells_one_by_one(cells[left], geom[left], out, zeroed, stream)]
+def _local_jobs(read: _Read, out: np.ndarray, inline: bool) -> list[np.ndarray]:
+    """A local box read's batches (positions into its cells): one per piece of the work."""
+    cells = read.cells
+    n = len(cells)
+    groups = read.groups()
+    # Chunk files are spread over the pool however small the read (each waits on the disk); the
+    # chunks of a shard only when there is enough to decode.
+    spread = not inline and n > 1 and (read.kv.one_object_per_key or out.nbytes > INLINE_DECODE_BYTES)
+    pieces = min(BATCHES_PER_CORE * base.running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
+    pieces = max(1, pieces)
+    jobs: list[np.ndarray] = []
+    # Pieces decoded at once must write disjoint pages of the result: pieces of one group are
+    # slabs of it, and groups are taken in page order (two halves of a shard in minishard order,
+    # or two shards side by side along x in a Fortran-ordered result, faulted in the same pages
+    # at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
+    per = 1 if len(groups) >= base.running_reads.cores else max(1, -(-pieces // len(groups)))
+    firsts = np.array([g[0] for g in groups])
+    for k in _page_order(cells[firsts], out).tolist():
+        members = groups[k]
+        if per > 1:
+            members = members[_slab_order(cells[members], out)]
+        jobs += [part for part in np.array_split(members, min(len(members), per)) if len(part)]
+    return jobs
 
 
 def _page_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -251,258 +463,53 @@ def _slab_order(cells: np.ndarray, out: np.ndarray) -> np.ndarray:
     return np.lexsort(keys)
 
 
-def _by_shard(reader: ScaleReader, cells: np.ndarray):
-    """(chunk ids, minishards, shards, the positions of each shard's chunks): grouped by shard,
-    then minishard and id, so that a piece of a group reads one run of its file."""
-    ids = compressed_morton(cells, reader.grid_shape)
-    shards, minis = chunk_location(ids, reader.scale_info.sharding)  # type: ignore[arg-type]
-    order = np.lexsort((ids, minis, shards))
-    return ids, minis, shards, np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
-
-
-def _read_shard_part(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.ndarray,
-                     cells: np.ndarray, geom: np.ndarray, out: np.ndarray, zeroed: bool,
-                     stream: bool) -> None:
-    sources, src, name = _shard_sources(reader, shard, ids, minis, cells, whole=False, merge=True)
-    _decode_rows(reader, out, sources, src, geom, zeroed, stream, name)
-
-
-def _shard_sources(reader: ScaleReader, shard: int, ids: np.ndarray, minis: np.ndarray,
-                   cells: np.ndarray, *, whole: bool, merge: bool):
-    """Where the stored bytes of some chunks of one shard are: (sources, rows [source, offset,
-    length] with source -1 for an absent chunk, name(i) for errors). `whole` fetches the whole
-    `.shard` file in one request (a remote read wanting all its chunks); `merge` reads the
-    chunks' byte ranges merged into runs (a local file), else each range as the store fetches
-    ranges. Absent chunks are counted, or raise MissingChunkError with fill_missing=False."""
-    shards = reader._shards
-    n = len(ids)
-
-    def name(i: int) -> str:
-        return (f"grid cell {tuple(int(g) for g in cells[i])} id {int(ids[i])} in "
-                f"{shards.shard_name(shard)}")
-
-    view = None
-    indices = None
-    if whole:
-        got_whole = shards.fetch_whole_shard(shard, minis, chunks=n)
-        if got_whole is not None:
-            view, indices = got_whole
-    if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
-        indices = shards.minishard_indices(shard, np.unique(minis).tolist())
-    starts = np.zeros(n, np.int64)
-    ends = np.zeros(n, np.int64)
-    found = np.zeros(n, bool)
-    if indices is not None:
-        for m in np.unique(minis).tolist():
-            at = np.flatnonzero(minis == m)
-            f, s, e = indices[m].lookup(ids[at])
-            found[at], starts[at], ends[at] = f, s, e
-        big = found & (ends - starts > shards.max_chunk_bytes)
-        if big.any():
-            i = int(np.flatnonzero(big)[0])
-            a, b = int(starts[i]), int(ends[i])
-            raise ShardFormatError(
-                f"data [{a}, {b}) ({b - a} bytes) runs past the end of any chunk this scale can "
-                f"store (at most {shards.max_chunk_bytes} bytes)", chunk=name(i))
-    src = np.zeros((n, 3), np.int64)
-    src[:, 0] = -1
-    sources: list = []
-    have = np.flatnonzero(found)
-
-    def past_end(i: int) -> ShardFormatError:
-        return ShardFormatError(f"data [{int(starts[i])}, {int(ends[i])}) lies past the end of "
-                                f"{shards.shard_name(shard)}", chunk=name(i))
-
-    if len(have) and view is not None:
-        short = have[ends[have] > len(view)]
-        if len(short):
-            raise past_end(int(short[0]))
-        sources = [view]
-        src[have, 0] = 0
-        src[have, 1] = starts[have]
-        src[have, 2] = ends[have] - starts[have]
-    elif len(have) and merge:
-        # The wanted chunks' byte ranges merged into a few runs of the file, read at once.
-        by = have[np.argsort(starts[have], kind="stable")]
-        s, e = starts[by], ends[by]
-        reach = np.maximum.accumulate(e)
-        new = np.ones(len(by), bool)
-        new[1:] = s[1:] > reach[:-1] + LOCAL_COALESCE_GAP
-        run = np.cumsum(new) - 1
-        first = np.flatnonzero(new)
-        run_start = s[first]
-        run_end = np.maximum.reduceat(e, first)
-        got = shards.read_file_ranges(shard, list(zip(run_start.tolist(), run_end.tolist())))
-        if got is None:  # the shard file went away since its index was read: nothing is stored
-            found[:] = False
-            indices = None
-        else:
-            lengths = np.array([len(b) for b in got], np.int64)
-            short = np.flatnonzero(e > run_start[run] + lengths[run])
-            if len(short):
-                raise past_end(int(by[short[0]]))
-            src[by, 0] = run
-            src[by, 1] = s - run_start[run]
-            src[by, 2] = e - s
-            sources = got
-    elif len(have):
-        got = shards.read_file_ranges(shard, list(zip(starts[have].tolist(), ends[have].tolist())))
-        if got is None:
-            found[:] = False
-            indices = None
-        else:
-            lengths = np.array([len(b) for b in got], np.int64)
-            short = np.flatnonzero(lengths != ends[have] - starts[have])
-            if len(short):
-                raise past_end(int(have[short[0]]))
-            src[have, 0] = np.arange(len(have))
-            src[have, 1] = 0
-            src[have, 2] = lengths
-            sources = got
-    if not found.all():
-        src[~found, 0] = -1
-        absent = np.flatnonzero(~found)
-        if not reader.fill_missing:
-            i = int(absent[0])
-            tried = shards.absent_names(shard) if indices is None else None
-            raise MissingChunkError("is missing (fill_missing=False)", chunk=name(i) + (
-                f" (no shard file: looked for {', '.join(tried)})" if tried else ""))
-        record_filled(reader.missing_count, len(absent))
-    return sources, src, name
-
-
-def _decode_rows(reader: ScaleReader, out: np.ndarray, sources: list, src: np.ndarray,
-                 geom: np.ndarray, zeroed: bool, stream: bool, name, rows=None) -> None:
-    """One call of the extension: the chunks `src` names, decoded into their `geom` regions of
-    `out` (absent ones zero-filled unless `out` came zeroed). `rows` maps a row back to the
-    chunk `name` takes (its position in the batch), where the rows are part of one."""
-    if zeroed:
-        keep = np.flatnonzero(src[:, 0] >= 0)
-        if len(keep) < len(src):
-            src, geom = src[keep], geom[keep]
-            rows = keep if rows is None else rows[keep]
-    if not len(src):
-        return
-    kind, dtype_name, block = _common(reader, out)
-    sharding = reader.scale_info.sharding
-    gzip = sharding is not None and sharding.data_encoding == "gzip"
-    limit = reader._max_stored_bytes()
-    rows = np.arange(len(src)) if rows is None else rows
-    parts = _inflated(sources, src, limit, name, rows) if gzip and INFLATE_FIRST else \
-        [(slice(None), sources, src)]
-    for part, part_sources, part_src in parts:
-        try:
-            _batch.decode_chunks(out, kind, dtype_name, block,  # type: ignore[union-attr]
-                                 reader.info.num_channels, part_sources, part_src, geom[part],
-                                 gzip and not INFLATE_FIRST, limit, stream,
-                                 _scratch_for(limit + 1 if gzip and not INFLATE_FIRST else 0))
-        except _batch.ChunkDataError as e:  # type: ignore[union-attr]
-            i, msg = e.args
-            raise CorruptChunkError(msg, chunk=name(int(rows[part][i]))) from None
-
-
-# gzip chunks are inflated by libdeflate before the extension decodes them (decode_gzip: 2-3x
-# zlib's speed, the same streams accepted): inflating was half of a random 64^3 crop of seg's
-# CPU. In parts of at most this many inflated bytes, each one call of the extension.
-INFLATE_FIRST = inflates_with_libdeflate()
-INFLATED_PART_BYTES = 8 << 20
-
-
-def _inflated(sources: list, src: np.ndarray, limit: int, name, rows: np.ndarray):
-    """(positions, sources, rows) per part of a batch of gzip chunks, each chunk inflated."""
-    views = [memoryview(b).cast("B") for b in sources]
-    start, size = 0, 0
-    inflated: list = []
-    part_src = src.copy()
-    for i, (k, off, n) in enumerate(src.tolist()):
-        if k >= 0:
-            try:
-                blob = decode_gzip(views[k][off:off + n], limit, where="", what="chunk data")
-            except CorruptChunkError as e:
-                raise CorruptChunkError(str(e), chunk=name(int(rows[i]))) from None
-            part_src[i] = (len(inflated), 0, len(blob))
-            inflated.append(blob)
-            size += len(blob)
-        if size >= INFLATED_PART_BYTES or i + 1 == len(src):
-            yield slice(start, i + 1), inflated, part_src[start:i + 1]
-            start, size, inflated = i + 1, 0, []
-
-
-def _read_remote(reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
-                 zeroed: bool, stream: bool) -> None:
+def _read_remote(read: _Read, out: np.ndarray, zeroed: bool, stream: bool) -> None:
     """A box from a remote store: batches of chunks fetched on the I/O pool, many at once
     (latency bounds the read), each decoded on the decode pool as it arrives, in pieces of a
     few chunks so that one large fetch (a whole shard) still spreads over every core."""
-    from .base import REMOTE_BATCH_BYTES, REMOTE_IN_FLIGHT, pipeline
-    from .volume import WHOLE_SHARD_MAX_BYTES
+    reader = read.reader
+    n = len(read.cells)
+    piece = reader.remote_batch(n, spread=True)  # chunks per decode task
+    jobs, in_flight = _remote_jobs(read, out)
 
-    n = len(cells)
-    piece = reader._remote_batch(n, spread=True)  # chunks per decode task
-    jobs: list = []
-    in_flight = REMOTE_IN_FLIGHT
-    if reader.scale_info.sharding is None:
-        order = _page_order(cells, out)
-        jobs = [(None, order[k:k + piece], False) for k in range(0, n, piece)]
-    else:
-        ids, minis, shards, groups = _by_shard(reader, cells)
-        per = reader._remote_batch(n, spread=False)
-        largest = 0
-        for members in groups:
-            shard = int(shards[members[0]])
-            # a shard wanted whole costs one request instead of three rounds (shard index,
-            # minishard indices, data), as TensorStore reads it
-            whole = reader._whole_shard_bytes(cells, members)
-            if whole is not None and whole <= WHOLE_SHARD_MAX_BYTES:
-                jobs.append((shard, members, True))
-                largest = max(largest, whole)
-            else:
-                jobs += [(shard, members[k:k + per], False) for k in range(0, len(members), per)]
-        if largest:  # fewer whole shards in flight: their decoded size stays bounded
-            in_flight = max(2, min(REMOTE_IN_FLIGHT, REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES // largest))
-
-    def fetch(job) -> list:
-        shard, members, whole = job
-        if shard is None:
-            sources, src, name = _chunk_files(reader, cells[members])
-        else:
-            sources, src, name = _shard_sources(reader, shard, ids[members], minis[members],
-                                                cells[members], whole=whole, merge=False)
-        rows = np.arange(len(members))
-        return [(sources, src[k:k + piece], geom[members[k:k + piece]], name, rows[k:k + piece])
-                for k in range(0, len(members), piece)]
+    def fetch(batch: _Batch) -> list:
+        got = read.fetch(batch, local=False)
+        m = batch.members
+        return [(m[k:k + piece], Located(got.sources, got.rows[k:k + piece], got.gzip))
+                for k in range(0, len(m), piece)]
 
     def decode(pieces: list) -> None:
-        for sources, src, g, name, rows in pieces:
-            _decode_rows(reader, out, sources, src, g, zeroed, stream, name, rows)
+        for members, got in pieces:
+            read.decode(out, members, got, read.geom[members], zeroed, stream)
 
     pipeline(jobs, fetch, decode, in_flight=in_flight, part=1, context=reader.context)
 
 
-def _chunk_files(reader: ScaleReader, cells: np.ndarray):
-    """Unsharded chunks fetched from a remote store in one batch: (sources, rows, name(i))."""
-    blobs = reader.store.read_many([reader._unsharded_key(c) for c in cells],
-                                   limit=reader._max_stored_bytes())
-    src = np.zeros((len(cells), 3), np.int64)
-    src[:, 0] = -1
-    sources: list = []
-    for i, blob in enumerate(blobs):
-        if blob is not None:
-            src[i] = (len(sources), 0, len(blob))
-            sources.append(blob)
-    absent = np.flatnonzero(src[:, 0] < 0)
-    if len(absent):
-        if not reader.fill_missing:
-            raise MissingChunkError("is missing (fill_missing=False)",
-                                    chunk=reader._describe_missing(cells[int(absent[0])]))
-        record_filled(reader.missing_count, len(absent))
-    return sources, src, lambda i: reader._describe_unsharded(cells[i])
-
-
-def usable_for_chunks(reader: ScaleReader) -> bool:
-    """Whether `for_each_chunk` of this scale can take the batched path."""
-    box = [slice(0, min(c, n)) for c, n in zip(reader.chunk_size, reader.scale_info.size)]
-    probe = np.empty((0, 0, 0, reader.info.num_channels), reader.dtype)
-    return usable(reader, box, probe)
+def _remote_jobs(read: _Read, out: np.ndarray | None) -> tuple[list[_Batch], int]:
+    """A remote read's batches, and how many may be in flight. Chunk files go in batches small
+    enough to spread a box over every decode worker, in page order. A shard wanted whole is one
+    batch (one request instead of three rounds: shard index, minishard indices, data, as
+    TensorStore reads it), fewer of them in flight so that their decoded size stays bounded."""
+    reader = read.reader
+    n = len(read.cells)
+    groups = read.groups()
+    files = read.kv.one_object_per_key
+    per = reader.remote_batch(n, spread=files and out is not None)
+    if files and out is not None:
+        groups = [g[_page_order(read.cells[g], out)] for g in groups]
+    jobs: list[_Batch] = []
+    largest = 0
+    for members in groups:
+        whole = None if out is None else reader.whole_shard_bytes(read.cells, members)
+        if whole is not None and whole <= WHOLE_SHARD_MAX_BYTES:
+            jobs.append(_Batch(members, whole=True))
+            largest = max(largest, whole)
+        else:
+            jobs += [_Batch(members[k:k + per]) for k in range(0, len(members), per)]
+    in_flight = REMOTE_IN_FLIGHT
+    if largest:
+        in_flight = max(2, min(REMOTE_IN_FLIGHT, REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES // largest))
+    return jobs, in_flight
 
 
 _slots = threading.local()
@@ -521,84 +528,109 @@ def _chunk_slots(shape: tuple, count: int, dtype) -> np.ndarray:
 
 
 def for_each_chunk(reader: ScaleReader, cells: np.ndarray, fn) -> None:
-    """`ScaleReader.for_each_chunk` with the chunks of a batch read and decoded by one call of the
-    extension into a per-thread buffer of whole chunks, then handed to `fn` one by one."""
-    from .base import map_reads, pipeline, running_reads
-
+    """`ScaleReader.for_each_chunk`: batches of chunks fetched through the key-value layer,
+    decoded into a per-thread buffer of whole chunks (by one call of the extension, or chunk by
+    chunk for other encodings), then handed to `fn` one by one, read-only."""
     n = len(cells)
     remote = reader.store.batches_reads
-    per = reader._remote_batch(n, spread=False)
+    per = reader.remote_batch(n, spread=False)
     if not remote:
         # enough batches for every decode thread, twice over
-        per = max(1, min(per, -(-n // (2 * running_reads.cores))))
+        per = max(1, min(per, -(-n // (2 * base.running_reads.cores))))
     c = np.asarray(reader.chunk_size, dtype=np.int64)
     size = np.asarray(reader.scale_info.size, dtype=np.int64)
     nc = reader.info.num_channels
     shape = (*reader.chunk_size, nc)
-    sharding = reader.scale_info.sharding
-    jobs: list[tuple[int | None, np.ndarray]]
-    if sharding is None:
-        every = np.arange(n)
-        jobs = [(None, every[k:k + per]) for k in range(0, n, per)]
-    else:
-        ids, minis, shards, groups = _by_shard(reader, cells)
-        jobs = [(int(shards[m[0]]), m[k:k + per]) for m in groups for k in range(0, len(m), per)]
-
-    def slots(members: np.ndarray):
-        """The buffer, and each member's geometry row: its whole chunk at z = slot * cz."""
-        k = len(members)
-        buf = _chunk_slots(shape, k, reader.dtype)
-        ext = np.minimum(c, size - cells[members] * c)
-        G = GEOM
-        assert G is not None
-        geom = np.zeros((k, G.columns), np.int64)
+    # each chunk whole, at z = its slot * cz of the batch's buffer
+    ext = np.minimum(c, size - cells * c)
+    G = GEOM
+    geom = np.zeros((n, 3 if G is None else G.columns), np.int64)  # rows for the extension
+    if G is not None:
         geom[:, G.extent:G.extent + 3] = ext
         geom[:, G.shape:G.shape + 3] = ext
-        geom[:, G.channel] = np.arange(k) * nc
-        for j in np.flatnonzero((ext != c).any(axis=1)).tolist():
-            buf[..., j * nc:(j + 1) * nc] = 0  # past the volume's edge: 0
-        return buf, geom
+    batched = decodes_in_batches(reader, reader.dtype)
+    read = _Read(reader, cells, geom, in_c=batched)
+    raw_whole = read.raw and reader.stores_plain_voxels
+    jobs = [_Batch(m[k:k + per]) for m in read.groups() for k in range(0, len(m), per)]
+    if remote:
+        jobs, _ = _remote_jobs(read, None)
 
-    def hand_over(members: np.ndarray, buf: np.ndarray, missing) -> None:
-        gone = set(np.asarray(missing).tolist())
+    full = (ext == c).all(axis=1)
+
+    def slots(members: np.ndarray) -> np.ndarray:
+        """This thread's buffer of whole chunks for a batch (past the volume's edge: 0)."""
+        buf = _chunk_slots(shape, len(members), reader.dtype)
+        for j in np.flatnonzero(~full[members]).tolist():
+            buf[..., j * nc:(j + 1) * nc] = 0
+        return buf
+
+    def decode(batch: _Batch, got: Located, buf: np.ndarray) -> None:
+        members = batch.members
+        g = geom[members].copy()
+        if G is not None:
+            g[:, G.channel] = np.arange(len(members)) * nc
+        codes = got.rows[:, 0]
+        if batched:
+            read.decode(buf, members, got, g, False, False)
+        else:
+            read.settle(members, got, g)
         for j, i in enumerate(members.tolist()):
-            if j in gone:
+            if codes[j] == ABSENT:
                 fn(i, None)
                 continue
             chunk = buf[..., j * nc:(j + 1) * nc]
+            if not batched and codes[j] != PLACED:
+                s, off, length = got.rows[j, :3].tolist()
+                data = memoryview(got.sources[s])[off:off + length]
+                cell = tuple(int(v) for v in ext[i])
+                view = stored_view(data, chunk_shape=cell, dtype=reader.dtype, num_channels=nc,
+                                   chunk=_Name(read, i)) if raw_whole and full[i] else None
+                if view is not None:
+                    view.flags.writeable = False  # read-only, as documented
+                    fn(i, view)
+                    continue
+                reader.decode_chunk(data, chunk[:cell[0], :cell[1], :cell[2]], origin=(0, 0, 0),
+                                    chunk_shape=cell, chunk=_Name(read, i), stream=False)
             chunk.flags.writeable = False  # read-only, as documented: the buffer is reused
             fn(i, chunk)
 
     if not remote:
-        def run(job) -> None:
-            shard, members = job
-            buf, geom = slots(members)
-            if shard is None:
-                missing = _read_files(reader, cells[members], geom, buf, False, False)
-            else:
-                sources, src, name = _shard_sources(reader, shard, ids[members], minis[members],
-                                                    cells[members], whole=False, merge=True)
-                _decode_rows(reader, buf, sources, src, geom, False, False, name)
-                missing = np.flatnonzero(src[:, 0] < 0)
-            hand_over(members, buf, missing)
+        def run(batch: _Batch) -> None:
+            buf = slots(batch.members)
+            dests = None
+            if raw_whole:
+                # a whole raw chunk's stored bytes are its slot: read straight there
+                dests = [buf[..., j * nc:(j + 1) * nc].T.data.cast("B") if full[i] else None
+                         for j, i in enumerate(batch.members.tolist())]
+            decode(batch, read.fetch(batch, local=True, dests=dests), buf)
 
         # as many batches at once as there are cores; in the caller's thread where every core
         # has a caller already (a conversion's shard tasks in dask's threads)
-        map_reads(run, jobs, window=running_reads.cores, context=reader.context)
+        map_reads(run, jobs, window=base.running_reads.cores, context=reader.context)
         return
 
-    def fetch(job):
-        shard, members = job
-        if shard is None:
-            return [(members, *_chunk_files(reader, cells[members]))]
-        return [(members, *_shard_sources(reader, shard, ids[members], minis[members],
-                                          cells[members], whole=False, merge=False))]
+    def fetch(batch: _Batch) -> list:
+        return [(batch, read.fetch(batch, local=False))]
 
-    def decode(fetched) -> None:
-        for members, sources, src, name in fetched:
-            buf, geom = slots(members)
-            _decode_rows(reader, buf, sources, src, geom, False, False, name)
-            hand_over(members, buf, np.flatnonzero(src[:, 0] < 0))
+    def decode_all(fetched: list) -> None:
+        for batch, got in fetched:
+            decode(batch, got, slots(batch.members))
 
-    from .base import REMOTE_IN_FLIGHT
-    pipeline(jobs, fetch, decode, in_flight=REMOTE_IN_FLIGHT, context=reader.context)
+    pipeline(jobs, fetch, decode_all, in_flight=REMOTE_IN_FLIGHT, context=reader.context)
+
+
+class _Name:
+    """A chunk's name, made only if an error needs it (naming every chunk up front cost ~30 us
+    per chunk)."""
+
+    __slots__ = ("read", "i")
+
+    def __init__(self, read: _Read, i: int):
+        self.read = read
+        self.i = i
+
+    def __str__(self) -> str:
+        return self.read.name(self.i)
+
+    __repr__ = __str__
+

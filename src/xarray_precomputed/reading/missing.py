@@ -15,6 +15,8 @@ import threading
 import uuid
 import weakref
 
+from ..errors import MissingChunkError
+
 
 class MissingCount:
     """Missing chunks read as 0 by the reads that carry this count."""
@@ -63,3 +65,13 @@ def record_filled(token: str | None, n: int = 1) -> None:
     count = _counts.get(token)
     if count is not None:
         count.add(n)
+
+
+def settle_missing(fill_missing: bool, token: str | None, n: int, name) -> None:
+    """The one rule for `n` chunks of a read found absent: with `fill_missing`, they read as 0 and
+    are counted; without, MissingChunkError naming the first (`name()`, made only then)."""
+    if n <= 0:
+        return
+    if not fill_missing:
+        raise MissingChunkError("is missing (fill_missing=False)", chunk=name())
+    record_filled(token, n)

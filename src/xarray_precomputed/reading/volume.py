@@ -10,40 +10,34 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..codecs import get_codec, get_decoder
-from ..codecs.raw import plain_voxels, stored_view
+from ..codecs.raw import plain_voxels
 from ..context import Context, resolve
-from ..errors import MissingChunkError, PrecomputedError, StorageError
+from ..errors import CorruptChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
-from ..format.morton import chunk_key, compressed_morton
-from ..format.sharding import chunk_location, shard_box
-from ..kvstore.shard_files import ShardReader, positions_by_value
+from ..format.morton import FEW_CELLS, compressed_morton
+from ..format.sharding import shard_box
+from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
+from ..kvstore.shard_files import positions_by_value
 from ..storage import open_store, strip_scheme_prefix
+from ..storage.base import TOO_LARGE
 from . import batched
 from .base import (
     REMOTE_BATCH_BYTES,
     REMOTE_IN_FLIGHT,
+    WHOLE_SHARD_MAX_BYTES,
     ChunkedScaleReader,
     Fetched,
     Lazy,
-    map_reads,
-    pipeline,
-    running_reads,
 )
 from .chunk_cache import ChunkCacheLike
-from .missing import MissingCount, record_filled
-
-# A shard whose every chunk a remote read wants is fetched whole, in one request, when its chunks
-# decode to at most this many bytes; fewer such shards are in flight at once, so that the decoded
-# size of what is fetching or waiting stays within REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES.
-WHOLE_SHARD_MAX_BYTES = 256 << 20
-
-_chunk_buffers = threading.local()
+from .missing import MissingCount
 
 
 class Volume:
@@ -126,14 +120,80 @@ class ScaleReader(ChunkedScaleReader):
     def _state(self) -> dict:
         return {"chunk_size_index": self.chunk_size_index}
 
-    @functools.cached_property
-    def _shards(self) -> ShardReader:
-        s = self.scale_info
-        assert s.sharding is not None, "only sharded scales read through a ShardReader"
-        return ShardReader(self.store, s.path, s.sharding, max_chunk_bytes=self._max_stored_bytes(),
-                           max_chunks=math.prod(self.grid_shape))
+    # -- where chunks are: the key-value layer, keyed by chunk
+    @property
+    def kv(self) -> KeyValue:
+        """The scale's chunks as a key-value set (`chunk_keys` gives the keys of grid cells):
+        shard files or chunk files, which the reading above does not need to know."""
+        pid, kv = self.__dict__.get("_kv", (None, None))
+        if pid != os.getpid():  # as the store: per process
+            kv = self._open_kv()
+            self.__dict__["_kv"] = (os.getpid(), kv)
+        return kv
 
-    def _max_stored_bytes(self) -> int:
+    def _open_kv(self) -> KeyValue:
+        s = self.scale_info
+        if s.sharding is not None:
+            return ShardedKeyValue(self.store, s.path, s.sharding,
+                                   max_value_bytes=self.max_stored_bytes,
+                                   max_keys=math.prod(self.grid_shape))
+        return UnshardedKeyValue(self.store, s.path, name=self._key_name, parse=None,
+                                 max_value_bytes=self.max_stored_bytes, names=self._key_names)
+
+    def chunk_keys(self, cells: np.ndarray) -> np.ndarray:
+        """The key of each grid cell (N x 3): its compressed Morton code where chunks are in
+        shard files (the format's chunk id), its row-major cell index otherwise."""
+        cells = np.asarray(cells, np.int64).reshape(-1, 3)
+        if self.scale_info.sharding is not None:
+            return compressed_morton(cells, self.grid_shape)
+        gx, gy, _ = self.grid_shape
+        return (cells[:, 0] + gx * (cells[:, 1] + gy * cells[:, 2])).astype(np.uint64)
+
+    def _key_name(self, key: int) -> str:
+        return self._key_names(np.array([key], np.uint64))[0]
+
+    @functools.cached_property
+    def _axis_names(self) -> tuple[list[str], ...]:
+        """Per axis, the `begin-end` part of chunk file names of each grid index."""
+        s = self.scale_info
+        return tuple([f"{o + g * c}-{o + min((g + 1) * c, n)}" for g in range(grid)]
+                     for grid, c, n, o in zip(self.grid_shape, self.chunk_size, s.size,
+                                              s.voxel_offset))
+
+    def _key_names(self, keys: np.ndarray) -> list[str]:
+        """Chunk file names `x0-x1_y0-y1_z0-z1` of unsharded keys (absolute voxel coordinates)."""
+        ax, ay, az = self._axis_names
+        gx, gy, _ = self.grid_shape
+        if len(keys) <= FEW_CELLS:  # Python ints: numpy's per-call cost exceeds the work
+            return [f"{ax[k % gx]}_{ay[k // gx % gy]}_{az[k // (gx * gy)]}" for k in keys.tolist()]
+        k = np.asarray(keys, np.int64)
+        return [f"{ax[x]}_{ay[y]}_{az[z]}" for x, y, z in
+                zip((k % gx).tolist(), (k // gx % gy).tolist(), (k // (gx * gy)).tolist())]
+
+    def chunk_name(self, cell, key: int) -> str:
+        """A stored chunk's name in errors: its grid cell and where it is stored."""
+        return f"grid cell {tuple(int(g) for g in cell)} ({self.kv.describe(key)})"
+
+    def missing_name(self, cell, key: int) -> str:
+        """An absent chunk's name in errors: its grid cell and what was looked for."""
+        return f"grid cell {tuple(int(g) for g in cell)} ({self.kv.describe_missing(key)})"
+
+    def oversized(self, cell, key: int, size: int) -> CorruptChunkError:
+        """The error for a stored chunk larger than any chunk of this scale (refused unread)."""
+        if get_codec(self.scale_info.encoding).plain:
+            shape = self.cell_shape(cell)
+            need = math.prod(shape) * self.info.num_channels * self.dtype.itemsize
+            msg = (f"raw chunk is {size} bytes, expected {need} for shape [{shape[0]}, "
+                   f"{shape[1]}, {shape[2]}] x {self.info.num_channels} channel(s) of "
+                   f"{self.info.dtype.name}")
+        else:
+            msg = (f"chunk file is {size} bytes, more than any chunk of this scale can store (at "
+                   f"most {self.max_stored_bytes} bytes)")
+        return CorruptChunkError(msg, chunk=self.chunk_name(cell, key))
+
+    @property
+    def max_stored_bytes(self) -> int:
+        """The most bytes a stored (inflated) chunk of this scale may have."""
         # compressed_segmentation can exceed the raw size (headers, tables): bound it generously.
         voxels = math.prod(self.chunk_size) * self.info.num_channels
         return 16 * voxels + (1 << 20)
@@ -152,11 +212,11 @@ class ScaleReader(ChunkedScaleReader):
         return tuple(min(b * c, n) for b, c, n in  # type: ignore[return-value]
                      zip(box, self.chunk_size, self.scale_info.size))
 
-    def _whole_shard_bytes(self, cells: np.ndarray, members: np.ndarray) -> int | None:
+    def whole_shard_bytes(self, cells: np.ndarray, members: np.ndarray) -> int | None:
         """The decoded size of the shard holding `members` if they are every chunk it can hold
         (the shard is an aligned box of grid cells, clipped to the grid), else None."""
         box = self._shard_box
-        if box is None:
+        if box is None or not len(members):
             return None
         origin = cells[members[0]] // box * box
         count = math.prod(min(b, g - int(o)) for b, g, o in zip(box, self.grid_shape, origin))
@@ -167,123 +227,84 @@ class ScaleReader(ChunkedScaleReader):
     def __repr__(self) -> str:
         return f"<ScaleReader {self.url!r} scale {self.scale_info.key!r} shape {self.shape}>"
 
-    def _describe_unsharded(self, cell) -> str:
-        key = self._unsharded_key(cell)
-        return f"grid cell {tuple(int(g) for g in cell)} ({self.store.describe(key)})"
-
-    def _describe_missing(self, cell) -> str:
-        key = self._unsharded_key(cell)
-        tried = self.store.missing_names(key)
-        also = f"; looked for {', '.join(tried)}" if len(tried) > 1 else ""
-        return f"grid cell {tuple(int(g) for g in cell)} ({self.store.describe(key)}{also})"
-
-    def _unsharded_key(self, cell) -> str:
-        s = self.scale_info
-        name = chunk_key(cell, self.chunk_size, s.size, s.voxel_offset)
-        return f"{s.path}/{name}" if s.path else name
-
-    # -- what the reader base asks for
+    # -- what the reader base asks for (the per-chunk path)
     def _plan(self, cells: np.ndarray, out: np.ndarray) -> list[tuple[Any, Any]]:
-        sharding = self.scale_info.sharding
-        if sharding is None:
+        keys = self.chunk_keys(cells)
+        if self.kv.one_object_per_key:
             if len(cells) == 1:
-                return [(None, [0])]
+                return [((keys, False), [0])]
             # Chunks that run at the same time should write disjoint pages of the result
             # (first-touching one page from several threads at once costs repeated faults;
             # measured ~60% more faults): in a C-ordered result z-neighbours share every page,
             # so x varies fastest; in a Fortran-ordered one x-neighbours do, so z varies fastest.
-            keys = (cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2] \
-                else (cells[:, 0], cells[:, 1], cells[:, 2])
-            order = np.lexsort(keys).tolist()
+            order = np.lexsort((cells[:, 2], cells[:, 1], cells[:, 0]) if out.strides[0] < out.strides[2]
+                               else (cells[:, 0], cells[:, 1], cells[:, 2])).tolist()
             if self.store.batches_reads:
-                return [(None, order)]  # fetched in concurrent batches of keys
-            return [(None, [i]) for i in order]
-        ids = compressed_morton(cells, self.grid_shape)
-        shards, minis = chunk_location(ids, sharding)
+                return [((keys, False), order)]  # fetched in concurrent batches of keys
+            return [((keys, False), [i]) for i in order]
         groups = []
-        for shard, members in positions_by_value(shards):
+        parts = self.kv.partition_of(keys)
+        for _, members in positions_by_value(parts):
             # Over a network a shard wanted whole costs one request instead of three rounds
             # (shard index, minishard indices, data), as TensorStore reads it.
-            whole = None
+            whole = False
             if self.store.batches_reads:
-                whole = self._whole_shard_bytes(cells, members)
-                if whole is not None and whole > WHOLE_SHARD_MAX_BYTES:
-                    whole = None
-            groups.append(((shard, ids, minis, whole), members))
+                size = self.whole_shard_bytes(cells, members)
+                whole = size is not None and size <= WHOLE_SHARD_MAX_BYTES
+            groups.append(((keys, whole), members))
         return groups
 
     def _remote_batches(self, groups: list, n: int) -> tuple[list, int, int | None]:
-        if self.scale_info.sharding is None:
+        if self.kv.one_object_per_key:
             return super()._remote_batches(groups, n)
         # Large groups are split into batches, whole shards are not: those are decoded by
         # several workers, and fewer are in flight so that their decoded size stays bounded.
-        per = self._remote_batch(n, spread=False)
+        per = self.remote_batch(n, spread=False)
         batches = []
         largest = 0
         for g, m in groups:
-            if g[3] is not None:
+            if g[1]:
                 batches.append((g, m))
-                largest = max(largest, g[3])
+                largest = max(largest, len(m) * math.prod(self.chunk_size) *
+                              self.info.num_channels * self.dtype.itemsize)
             else:
                 batches += [(g, m[k:k + per]) for k in range(0, len(m), per)]
         if not largest:
             return batches, REMOTE_IN_FLIGHT, None
         in_flight = max(2, min(REMOTE_IN_FLIGHT, REMOTE_IN_FLIGHT * REMOTE_BATCH_BYTES // largest))
-        return batches, in_flight, self._remote_batch(n, spread=True)
+        return batches, in_flight, self.remote_batch(n, spread=True)
 
-    def _fetch(self, group, members, cells: np.ndarray) -> list[Fetched]:
-        if group is None:
-            blobs = self.store.read_many([self._unsharded_key(cells[i]) for i in members],
-                                         limit=self._max_stored_bytes())
-            return [(i, blob, Lazy(self._describe_unsharded if blob is not None
-                                   else self._describe_missing, cells[i]))
-                    for i, blob in zip(members, blobs)]
-        shard, ids, minis, whole = group
-        reader = self._shards
-
-        def name(member):
-            return (f"grid cell {tuple(int(g) for g in cells[member])} id {int(ids[member])} "
-                    f"in {reader.shard_name(shard)}")
-
-        data = None
-        if whole is not None:
-            data = reader.read_whole_shard(shard, ids[members], minis[members],
-                                           lambda j: name(members[j]))
-        if data is None:
-            data = reader.read_chunks(shard, ids[members], minis[members],
-                                      lambda j: name(members[j]))
-        def missing(member):
-            tried = reader.absent_names(shard)
-            return name(member) + (f" (no shard file: looked for {', '.join(tried)})"
-                                   if tried else "")
-
-        return [(int(m), blob, Lazy(name if blob is not None else missing, m))
-                for m, blob in zip(members.tolist(), data)]
+    def _fetch(self, group, members, cells: np.ndarray, buffer=None) -> list[Fetched]:
+        keys, whole = group
+        members = np.asarray(members, np.intp)
+        got = self.kv.get_located(keys[members], whole=whole, buffer=buffer)
+        out: list[Fetched] = []
+        for m, (s, off, length, size) in zip(members.tolist(), got.rows.tolist()):
+            if s == TOO_LARGE:
+                if get_codec(self.scale_info.encoding).batch_kind is not None:
+                    raise self.oversized(cells[m], int(keys[m]), size)
+                # read anyway: the codec's own checks say what is wrong with it (its header)
+                blob = self.kv.get_many(keys[m:m + 1])[0]
+                out.append((m, blob, Lazy(self.chunk_name if blob is not None else
+                                          self.missing_name, cells[m], int(keys[m]))))
+                continue
+            if s < 0:
+                out.append((m, None, Lazy(self.missing_name, cells[m], int(keys[m]))))
+            else:
+                out.append((m, memoryview(got.sources[s])[off:off + length],
+                            Lazy(self.chunk_name, cells[m], int(keys[m]))))
+        return out
 
     def _fetch_decoding(self, group, members, cells, finish, into) -> None:
-        if group is not None or len(members) != 1:
-            finish(self._fetch(group, members, cells))
-            return
-        i = members[0]
-        dest = into(i)
-        if dest is not None:
-            # Its stored bytes are the result's memory: read there, with no copy in between.
-            n = self.store.read_into(self._unsharded_key(cells[i]), dest,
-                                     limit=self._max_stored_bytes())
-            if n is None:
-                finish([(i, None, Lazy(self._describe_missing, cells[i]))])
-                return
-            if n == len(dest):
-                return
-            # any other size is read again below, for the decoder to say what is wrong
-        # One unsharded chunk: read into the store's reused buffer and decoded from there (a
-        # fresh buffer per chunk costs a page fault per 4 KiB, as much as copying the bytes).
-        name = Lazy(self._describe_unsharded, cells[i])
-        placed = self.store.read_with(self._unsharded_key(cells[i]),
-                                      lambda blob: finish([(i, blob, name)]) or True,
-                                      limit=self._max_stored_bytes())
-        if placed is None:
-            finish([(i, None, Lazy(self._describe_missing, cells[i]))])
+        # fetched into this thread's reused buffer and decoded from there before its next fetch
+        # (a fresh buffer per chunk costs a page fault per 4 KiB, as much as copying the bytes)
+        buffer = _fetch_buffer(0)
+        got = self._fetch(group, members, cells, buffer=buffer)
+        finish(got)
+        # the buffer grows to what this thread's reads need (allocated once, not per read)
+        need = sum(len(blob) for _, blob, _ in got if blob is not None)
+        if need > len(buffer):
+            _fetch_buffer(need)
 
     def for_each_chunk(self, cells, fn: Callable[[int, np.ndarray | None], Any]) -> None:
         """Call `fn(i, chunk)` for every grid cell `cells[i]` (N x 3): `chunk` is the cell's whole
@@ -294,105 +315,16 @@ class ScaleReader(ChunkedScaleReader):
 
         Calls run on the decode pool's threads as chunks arrive, in no set order; `chunk` is
         read-only and valid only during the call (a per-thread buffer, or a whole raw chunk's
-        stored bytes as they are). Stored chunks are fetched one by one (local chunk files) or
-        in batches of bounded size, a few batches ahead, so memory stays near a chunk per decode
-        thread plus those batches, however many cells are asked for. The first failure (of a read, a decode
-        or `fn`) is raised once nothing is left running."""
+        stored bytes as they are). Chunks are fetched and decoded in batches of bounded size, a
+        few batches ahead when remote, so memory stays near a batch per decode thread plus those
+        in flight, however many cells are asked for. The first failure (of a read, a decode or
+        `fn`) is raised once nothing is left running."""
         cells = np.asarray(cells, dtype=np.int64).reshape(-1, 3)
         grid = np.asarray(self.grid_shape, dtype=np.int64)
         if len(cells) and ((cells < 0).any() or (cells >= grid).any()):
             raise PrecomputedError(f"grid cells outside the grid {tuple(self.grid_shape)} of "
                                    f"scale {self.scale_info.key!r}")
-        if batched.usable_for_chunks(self):
-            batched.for_each_chunk(self, cells, fn)
-            return
-        per = self._remote_batch(len(cells), spread=False)
-        if not self.store.batches_reads:
-            # enough batches for every decode thread, twice over
-            per = max(1, min(per, -(-len(cells) // (2 * self.context.decode_threads))))
-        sharding = self.scale_info.sharding
-        batches: list[tuple[Any, np.ndarray]] = []
-        if sharding is None:
-            every = np.arange(len(cells))
-            batches = [(None, every[k:k + per]) for k in range(0, len(cells), per)]
-        else:
-            ids = compressed_morton(cells, self.grid_shape)
-            shards, minis = chunk_location(ids, sharding)
-            for shard, members in positions_by_value(shards):
-                batches += [((shard, ids, minis, None), members[k:k + per])
-                            for k in range(0, len(members), per)]
-        shape = (*self.chunk_size, self.info.num_channels)
-        raw = get_codec(self.scale_info.encoding).plain
-
-        def fetch(batch):
-            return self._fetch(batch[0], batch[1], cells)
-
-        def decode(fetched: list[Fetched]) -> None:
-            for i, blob, name in fetched:
-                if blob is None:
-                    if not self.fill_missing:
-                        raise MissingChunkError("is missing (fill_missing=False)", chunk=name)
-                    record_filled(self.missing_count)
-                    fn(i, None)
-                    continue
-                cell = self._cell_shape(cells[i])
-                if raw and cell == self.chunk_size:
-                    # a whole raw chunk is its stored bytes: handed over as they are
-                    view = stored_view(blob, chunk_shape=cell, dtype=self.dtype,
-                                       num_channels=shape[3], chunk=name)
-                    if view is not None:
-                        fn(i, view)
-                        continue
-                key = (shape, self.dtype)
-                buf = getattr(_chunk_buffers, "buf", None)
-                if buf is None or _chunk_buffers.key != key:
-                    buf = _chunk_buffers.buf = np.zeros(shape, self.dtype, order="F")
-                    _chunk_buffers.key = key
-                if cell != self.chunk_size:
-                    buf.fill(0)
-                self._decode(blob, buf[:cell[0], :cell[1], :cell[2]], origin=(0, 0, 0),
-                             chunk_shape=cell, chunk=name, stream=False)
-                fn(i, buf)
-
-        if sharding is None and not self.store.batches_reads:
-            # Local chunk files: each task reads one into the store's reused, aligned per-thread
-            # buffer and decodes (or hands over) from there — no fresh buffer per chunk, no hop
-            # between threads (em's conversion: 12% of its samples were reading into fresh bytes).
-            def one(i: int) -> None:
-                name = Lazy(self._describe_unsharded, cells[i])
-
-                def consume(blob) -> bool:
-                    decode([(i, blob, name)])
-                    return True
-
-                got = self.store.read_with(self._unsharded_key(cells[i]), consume,
-                                           limit=self._max_stored_bytes())
-                if got is None:
-                    decode([(i, None, Lazy(self._describe_missing, cells[i]))])
-
-            # where every core has a caller already (a conversion's shard tasks in dask's
-            # threads), each reads and decodes its chunks in its own thread, as Scale.read's
-            # reads do: four pool threads beside two busy callers on 2 cores made em-x4's
-            # conversion 15% slower, its CPU 19% higher (GIL hand-offs between them). Otherwise
-            # as many at once as there are cores, as for Scale.read's many chunks.
-            map_reads(one, range(len(cells)), window=running_reads.cores, context=self.context)
-            return
-        if not self.store.batches_reads:
-            # Local shards: each task reads a batch and decodes it in the same thread (a hop
-            # to another thread per chunk cost ~7% of the CPU of converting seg), as many batches
-            # at once as there are cores (one per decode thread and one more, with the pool's
-            # twice-the-cores threads, was 3-9% slower on em-x4, seg and em).
-            def read_and_decode(batch) -> None:
-                decode(fetch(batch))
-
-            map_reads(read_and_decode, batches, window=running_reads.cores,
-                      context=self.context)
-            return
-        in_flight = REMOTE_IN_FLIGHT
-        # A few chunks per decode task: a task per chunk cost ~5% in waking the waiter (CPU
-        # seconds of a conversion, seg and em), and a batch still spreads over every worker.
-        part = max(1, per // (2 * self.context.decode_threads))
-        pipeline(batches, fetch, decode, in_flight=in_flight, part=part, context=self.context)
+        batched.for_each_chunk(self, cells, fn)
 
     def _read_batched(self, sel, out, zeroed, *, inline) -> bool:
         if not batched.usable(self, sel, out):
@@ -400,38 +332,26 @@ class ScaleReader(ChunkedScaleReader):
         batched.read_box(self, sel, out, zeroed, self._stream(out), inline)
         return True
 
-    def _read_cells_one_by_one(self, cells: np.ndarray, geom: np.ndarray, out: np.ndarray,
-                               zeroed: bool, stream: bool) -> list[int]:
-        """Unsharded chunks the batched path left: each read through the store (which finds a
-        file stored compressed beside its key) and decoded. `geom` rows as in batched.py. The
-        rows whose chunk is missing."""
-        missing = []
-        G = batched.GEOM
-        assert G is not None
-        nc = self.info.num_channels
-        for row, (cell, g) in enumerate(zip(cells, geom.tolist())):
-            dest, ext = g[G.dest:G.dest + 3], g[G.extent:G.extent + 3]
-            view = out[(*(slice(d, d + e) for d, e in zip(dest, ext)),
-                        slice(g[G.channel], g[G.channel] + nc))]
-            blob = self.store.read(self._unsharded_key(cell), limit=self._max_stored_bytes())
-            if blob is None:
-                if not self.fill_missing:
-                    raise MissingChunkError("is missing (fill_missing=False)",
-                                            chunk=self._describe_missing(cell))
-                record_filled(self.missing_count)
-                if not zeroed:
-                    view[...] = 0
-                missing.append(row)
-                continue
-            self._decode(blob, view, origin=tuple(g[G.origin:G.origin + 3]),
-                         chunk_shape=tuple(g[G.shape:G.shape + 3]),
-                         chunk=Lazy(self._describe_unsharded, cell), stream=stream)
-        return missing
+    def decode_chunk(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
+        """Decode one chunk's stored bytes, its voxels from `origin` on into `dest` (X, Y, Z, C);
+        `chunk` names it in errors."""
+        self._decode(data, dest, origin=origin, chunk_shape=chunk_shape, chunk=chunk, stream=stream)
 
     def _decode(self, data, dest, *, origin, chunk_shape, chunk, stream) -> None:
         self._decoder(data, dest, origin=origin, stream=stream, chunk_shape=chunk_shape,
                       scale=self.scale_info, dtype=self.info.dtype,
                       num_channels=self.info.num_channels, chunk=chunk)
+
+
+_fetch_buffers = threading.local()
+
+
+def _fetch_buffer(nbytes: int) -> np.ndarray:
+    """This thread's reused buffer for stored chunks, at least `nbytes` (64 KiB at first)."""
+    buf = getattr(_fetch_buffers, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _fetch_buffers.buf = np.empty(max(nbytes, 1 << 16), np.uint8)
+    return buf
 
 
 def _no_info(url: str, store, storage_options, context=None) -> StorageError:
@@ -458,4 +378,3 @@ def _no_info(url: str, store, storage_options, context=None) -> StorageError:
     looked = f"; looked for {', '.join(tried)}" if len(tried) > 1 else ""
     return StorageError("no 'info' file: not a precomputed volume (pass the directory that holds "
                         f"the info file{looked})", url=where)
-

@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <string.h>
 
 #ifdef _WIN32
 #ifndef WIN32_LEAN_AND_MEAN
@@ -173,10 +174,352 @@ static PyObject *read_file(PyObject *self, PyObject *args)
     return PyLong_FromLongLong(absent ? -1 : size);
 }
 
+/* ------------------------------------------------------------------ read_files
+ *
+ * read_files(paths, buffer, first, spans, dests, limit, result): many files read in one call, the
+ * GIL released once for all of them (a batch of chunk files: one release per file, or per
+ * system call, queued each reader thread behind the others).
+ *   first: int64[n + 1]; spans: int64[m][2] (file offset, length). File i is read whole when
+ *     first[i] == first[i + 1], else as its spans, packed one after another.
+ *   dests: None, or n objects each None or a writable buffer: a whole file of exactly that
+ *     buffer's size is read straight into it.
+ *   Everything else goes into `buffer`, one file after another.
+ *   result: int64[n][3] written here: (where, length, size) with where the offset in `buffer`, or
+ *     RF_ABSENT (no such file, a directory, a path through a non-directory), RF_PLACED (read into
+ *     its dest), RF_TOO_LARGE (larger than limit, or a span past its end: nothing read),
+ *     RF_LATER (no room left in buffer: this file and the ones after it are not read),
+ *     RF_ODD (not a regular file), RF_CHANGED (shorter than its size when read).
+ *   Any other failure raises OSError naming the path.
+ */
+enum { RF_ABSENT = -1, RF_PLACED = -2, RF_TOO_LARGE = -3, RF_LATER = -4, RF_ODD = -5,
+       RF_CHANGED = -6 };
+
+#ifdef _WIN32
+typedef HANDLE rf_file;
+#define RF_NONE INVALID_HANDLE_VALUE
+static rf_file rf_open(const wchar_t *path, int *err, int *absent)
+{
+    HANDLE h = CreateFileW(path, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                           NULL, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (h == INVALID_HANDLE_VALUE) {
+        DWORD e = GetLastError();
+        DWORD attrs = GetFileAttributesW(path);
+        if (e == ERROR_ACCESS_DENIED && attrs != INVALID_FILE_ATTRIBUTES &&
+            (attrs & FILE_ATTRIBUTE_DIRECTORY))
+            *absent = 1;
+        else if ((*err = errno_of(e)) == ENOENT)
+            *err = 0, *absent = 1;
+    }
+    return h;
+}
+/* size, -2 for a directory, -3 for anything not a regular file, -1 on failure (*err) */
+static long long rf_size(rf_file h, int *err)
+{
+    BY_HANDLE_FILE_INFORMATION info;
+    if (!GetFileInformationByHandle(h, &info)) {
+        *err = errno_of(GetLastError());
+        return -1;
+    }
+    if (info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)
+        return -2;
+    if (GetFileType(h) != FILE_TYPE_DISK)
+        return -3;
+    return ((long long)info.nFileSizeHigh << 32) | (long long)info.nFileSizeLow;
+}
+static long long rf_pread(rf_file h, char *buf, long long len, long long off, int *err)
+{
+    long long got = 0;
+    while (got < len) {
+        OVERLAPPED ov;
+        memset(&ov, 0, sizeof ov);
+        ov.Offset = (DWORD)((off + got) & 0xFFFFFFFF);
+        ov.OffsetHigh = (DWORD)((off + got) >> 32);
+        DWORD want = len - got > 0x40000000 ? 0x40000000 : (DWORD)(len - got), n = 0;
+        if (!ReadFile(h, buf + got, want, &n, &ov)) {
+            DWORD e = GetLastError();
+            if (e == ERROR_HANDLE_EOF)
+                break;
+            *err = errno_of(e);
+            return -1;
+        }
+        if (n == 0)
+            break;
+        got += n;
+    }
+    return got;
+}
+static void rf_close(rf_file h) { CloseHandle(h); }
+#else
+typedef int rf_file;
+#define RF_NONE (-1)
+static rf_file rf_open(const char *path, int *err, int *absent)
+{
+    int fd;
+    /* non-blocking: a FIFO named like a value must not hang the read (it is refused) */
+    do
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR)
+            *absent = 1;
+        else
+            *err = errno;
+    }
+    return fd;
+}
+static long long rf_size(rf_file fd, int *err)
+{
+    struct stat st;
+    int rc;
+    do
+        rc = fstat(fd, &st);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+        *err = errno;
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode))
+        return -2;
+    if (!S_ISREG(st.st_mode))
+        return -3;
+    return (long long)st.st_size;
+}
+static long long rf_pread(rf_file fd, char *buf, long long len, long long off, int *err)
+{
+    long long got = 0;
+    while (got < len) {
+        long long left = len - got;
+        ssize_t n = pread(fd, buf + got, (size_t)(left > 0x40000000 ? 0x40000000 : left),
+                          (off_t)(off + got));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            *err = errno;
+            return -1;
+        }
+        if (n == 0)
+            break;
+        got += n;
+    }
+    return got;
+}
+static void rf_close(rf_file fd) { close(fd); }
+#endif
+
+/* One file into place; its result row filled. 0, or -1 with *err set (an OS failure). */
+static int rf_one(rf_file f, long long size, const long long *sp, long long nsp, Py_buffer *dest,
+                  char *buf, long long cap, long long *used, long long limit, long long *row,
+                  int *err)
+{
+    row[2] = size;
+    if (nsp == 0) {
+        if (size > limit) {
+            row[0] = RF_TOO_LARGE;
+            return 0;
+        }
+        char *to;
+        if (dest != NULL && dest->len == size) {
+            to = (char *)dest->buf;
+            row[0] = RF_PLACED;
+        } else {
+            if (size > cap - *used) {
+                row[0] = RF_LATER;
+                return 0;
+            }
+            to = buf + *used;
+            row[0] = *used;
+        }
+        long long got = rf_pread(f, to, size, 0, err);
+        if (got < 0)
+            return -1;
+        row[1] = got;
+        if (got != size)
+            row[0] = RF_CHANGED;
+        else if (row[0] >= 0)
+            *used += size;
+        return 0;
+    }
+    long long total = 0;
+    for (long long k = 0; k < nsp; k++) {
+        long long s = sp[2 * k], n = sp[2 * k + 1];
+        if (s < 0 || n < 0 || s > size || n > size - s) {
+            row[0] = RF_TOO_LARGE;
+            return 0;
+        }
+        total += n;
+    }
+    if (total > cap - *used) {
+        row[0] = RF_LATER;
+        return 0;
+    }
+    row[0] = *used;
+    for (long long k = 0; k < nsp; k++) {
+        long long got = rf_pread(f, buf + *used + row[1], sp[2 * k + 1], sp[2 * k], err);
+        if (got < 0)
+            return -1;
+        row[1] += got;
+        if (got != sp[2 * k + 1]) {
+            row[0] = RF_CHANGED;
+            return 0;
+        }
+    }
+    *used += total;
+    return 0;
+}
+
+static PyObject *read_files(PyObject *self, PyObject *args)
+{
+    PyObject *paths, *dests, *fast = NULL, *dfast = NULL, *result_obj = NULL;
+    Py_buffer buf, first, spans, result;
+    long long limit;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Ow*y*y*OLw*", &paths, &buf, &first, &spans, &dests, &limit,
+                          &result))
+        return NULL;
+    Py_ssize_t n = 0, held = 0;
+    Py_buffer *dv = NULL;
+    PyObject **enc = NULL; /* the encoded paths (bytes, or str on Windows) */
+#ifdef _WIN32
+    wchar_t **wide = NULL;
+#endif
+    fast = PySequence_Fast(paths, "paths must be a sequence");
+    if (fast == NULL)
+        goto done;
+    n = PySequence_Fast_GET_SIZE(fast);
+    const long long *F = (const long long *)first.buf, *S = (const long long *)spans.buf;
+    long long *R = (long long *)result.buf;
+    long long m = (long long)(spans.len / (Py_ssize_t)(2 * sizeof(long long)));
+    if (first.len != (Py_ssize_t)((n + 1) * sizeof(long long)) ||
+        result.len != (Py_ssize_t)(3 * n * sizeof(long long)) ||
+        spans.len != (Py_ssize_t)(2 * m * sizeof(long long))) {
+        PyErr_SetString(PyExc_ValueError, "first, spans or result has the wrong size");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (F[i] < 0 || F[i + 1] < F[i] || F[i + 1] > m) {
+            PyErr_SetString(PyExc_ValueError, "first must rise within spans");
+            goto done;
+        }
+    if (dests != Py_None) {
+        dfast = PySequence_Fast(dests, "dests must be a sequence");
+        if (dfast == NULL)
+            goto done;
+        if (PySequence_Fast_GET_SIZE(dfast) != n) {
+            PyErr_SetString(PyExc_ValueError, "dests must have one entry per path");
+            goto done;
+        }
+    }
+    dv = (Py_buffer *)PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    enc = (PyObject **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+#ifdef _WIN32
+    wide = (wchar_t **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(wchar_t *));
+    if (wide == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+#endif
+    if (dv == NULL || enc == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < n; held++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(fast, held);
+#ifdef _WIN32
+        if (!PyUnicode_FSDecoder(p, &enc[held]))
+            goto done;
+        if ((wide[held] = PyUnicode_AsWideCharString(enc[held], NULL)) == NULL)
+            goto done;
+#else
+        if (!PyUnicode_FSConverter(p, &enc[held]))
+            goto done;
+#endif
+        PyObject *d = dfast ? PySequence_Fast_GET_ITEM(dfast, held) : Py_None;
+        if (d != Py_None && PyObject_GetBuffer(d, &dv[held], PyBUF_WRITABLE) < 0)
+            goto done;
+    }
+    {
+        int err = 0;
+        Py_ssize_t failed = -1;
+        long long used = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long *row = R + 3 * i;
+            row[0] = RF_ABSENT, row[1] = 0, row[2] = -1;
+            if (i > 0 && R[3 * (i - 1)] == RF_LATER) {
+                row[0] = RF_LATER;
+                continue;
+            }
+            int absent = 0;
+#ifdef _WIN32
+            rf_file f = rf_open(wide[i], &err, &absent);
+#else
+            rf_file f = rf_open(PyBytes_AS_STRING(enc[i]), &err, &absent);
+#endif
+            if (f == RF_NONE) {
+                if (absent)
+                    continue;
+                failed = i;
+                break;
+            }
+            long long size = rf_size(f, &err);
+            if (size == -1 || size == -2 || size == -3) {
+                rf_close(f);
+                if (size == -1) {
+                    failed = i;
+                    break;
+                }
+                row[0] = size == -2 ? RF_ABSENT : RF_ODD;
+                continue;
+            }
+            int rc = rf_one(f, size, S + 2 * F[i], F[i + 1] - F[i], dv[i].obj ? &dv[i] : NULL,
+                            (char *)buf.buf, (long long)buf.len, &used, limit, row, &err);
+            rf_close(f);
+            if (rc < 0) {
+                failed = i;
+                break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (failed >= 0) {
+            errno = err;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError,
+                                                 PySequence_Fast_GET_ITEM(fast, failed));
+            goto done;
+        }
+    }
+    Py_INCREF(Py_None);
+    result_obj = Py_None;
+done:
+    for (Py_ssize_t k = 0; k < n && dv != NULL && enc != NULL; k++) {
+        if (dv[k].obj)
+            PyBuffer_Release(&dv[k]);
+        Py_XDECREF(enc[k]);
+#ifdef _WIN32
+        if (wide != NULL && wide[k] != NULL)
+            PyMem_Free(wide[k]);
+#endif
+    }
+#ifdef _WIN32
+    PyMem_Free(wide);
+#endif
+    PyMem_Free(dv);
+    PyMem_Free(enc);
+    Py_XDECREF(fast);
+    Py_XDECREF(dfast);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&first);
+    PyBuffer_Release(&spans);
+    PyBuffer_Release(&result);
+    return result_obj;
+}
+
 static PyMethodDef methods[] = {
     {"read_file", read_file, METH_VARARGS,
      "read_file(path, buffer) -> the file's size (read into buffer when it fits), or -1 when "
      "there is no such file; the GIL is released once for the whole read."},
+    {"read_files", read_files, METH_VARARGS,
+     "read_files(paths, buffer, first, spans, dests, limit, result): many files, whole or by "
+     "byte spans, read into buffer (or dests) with the GIL released once; see the source."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fileread", NULL, -1, methods};

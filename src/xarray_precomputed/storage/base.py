@@ -7,7 +7,9 @@ a refusal), so that a refused or broken read can never pass as missing data.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from ..context import Context, DefaultCounters, default_context
 
@@ -39,6 +41,36 @@ def split_merged(ranges, merged, owner, blobs) -> list[bytes]:
         ms = merged[m][0]
         out.append(blobs[m][s - ms:e - ms])
     return out
+
+
+# Where a value of a batch is (`Located.rows[:, 0]`), besides an index into its sources.
+ABSENT = -1  # no such value
+PLACED = -2  # read straight into the destination the caller gave for it
+TOO_LARGE = -3  # larger than the bound asked for: nothing read (its size is given)
+
+
+class Located(NamedTuple):
+    """The values of a batch of keys, in few buffers: `rows[i]` = (source index into `sources`,
+    or ABSENT / PLACED / TOO_LARGE; byte offset in that source; length; the value's whole size).
+    Where byte spans were asked for and honoured, a value's bytes are those spans packed one
+    after another (length < size then, unless they cover it). `gzip`: the values are gzip
+    streams still (a sharded layout's data_encoding), for a caller that inflates them itself."""
+
+    sources: list
+    rows: np.ndarray
+    gzip: bool = False
+
+
+def located(blobs: Sequence[Any]) -> Located:
+    """A Located holding each of `blobs` (None: absent) as a source of its own."""
+    rows = np.zeros((len(blobs), 4), np.int64)
+    rows[:, 0] = ABSENT
+    sources: list = []
+    for i, b in enumerate(blobs):
+        if b is not None:
+            rows[i] = (len(sources), 0, len(b), len(b))
+            sources.append(b)
+    return Located(sources, rows)
 
 
 class Store(ABC):
@@ -82,6 +114,18 @@ class Store(ABC):
     def read_many(self, keys: Sequence[str], *, limit: int | None = None) -> list[bytes | None]:
         """`read` of each key; a remote store sends the requests concurrently."""
         return [self.read(k, limit=limit) for k in keys]
+
+    def read_batch(self, keys: Sequence[str], *, limit: int | None = None, buffer=None,
+                   spans: tuple[np.ndarray, np.ndarray] | None = None,
+                   dests: Sequence[Any] | None = None) -> Located:
+        """The values of `keys`, located in few buffers (see `Located`). `buffer` (writable, the
+        caller's) may hold them, so the result is valid while the caller leaves it alone.
+        `spans` = (first, spans): int64 `first[n + 1]` and `spans[m, 2]` (offset, length) asks
+        for only the byte spans `spans[first[i]:first[i + 1]]` of value i (all of it where none),
+        which a store honours where that is cheaper (local files). `dests[i]`, a writable buffer
+        or None: a whole value of exactly its size may be read straight into it (PLACED). A
+        local file larger than `limit` is not read (TOO_LARGE)."""
+        return located(self.read_many(keys, limit=limit))
 
     def read_with(self, key: str, consume: Callable[[Any], Any], *,
                   limit: int | None = None) -> Any:

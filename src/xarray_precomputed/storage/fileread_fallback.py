@@ -1,5 +1,6 @@
-"""The Python whole-file read, used where the C extension (`_fileread.c`) is not built or
-`XARRAY_PRECOMPUTED_PURE=1` forces the fallbacks: the same function, result and errors."""
+"""The Python file reads (`read_file`, and `read_files` for many), used where the C extension
+(`_fileread.c`) is not built or `XARRAY_PRECOMPUTED_PURE=1` forces the fallbacks: the same
+functions, results and errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import errno
 import os
 import stat
 
-__all__ = ["read_file"]
+__all__ = ["read_file", "read_files"]
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
 
@@ -70,3 +71,114 @@ def _readinto(fd: int, dst: memoryview) -> int:
     data = os.read(fd, len(dst))  # Windows: no readv
     dst[:len(data)] = data
     return len(data)
+
+
+# read_files' result codes, as _fileread.c's
+RF_ABSENT, RF_PLACED, RF_TOO_LARGE, RF_LATER, RF_ODD, RF_CHANGED = -1, -2, -3, -4, -5, -6
+
+
+def read_files(paths, buffer, first, spans, dests, limit: int, result) -> None:
+    """Many files, whole or by byte spans, into `buffer` (or `dests`): `result[i]` = (where,
+    length, size), as `_fileread.read_files` (its source says what each code means)."""
+    n = len(paths)
+    buf = _bytes_view(buffer)
+    first = memoryview(bytes(memoryview(first))).cast("q")
+    sp = memoryview(bytes(memoryview(spans))).cast("q")
+    res = _bytes_view(result).cast("q") if n else memoryview(bytearray(0)).cast("q")
+    if len(first) != n + 1 or len(res) != 3 * n or len(sp) % 2:
+        raise ValueError("first, spans or result has the wrong size")
+    if dests is not None and len(dests) != n:
+        raise ValueError("dests must have one entry per path")
+    used = 0
+    later = False
+    for i, path in enumerate(paths):
+        res[3 * i:3 * i + 3] = memoryview(bytes(24)).cast("q")
+        res[3 * i] = RF_LATER if later else RF_ABSENT
+        res[3 * i + 2] = -1
+        if later:
+            continue
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | \
+            getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno in _ABSENT or (os.name == "nt" and isinstance(e, PermissionError)
+                                      and os.path.isdir(path)):
+                continue
+            raise _named(e, path) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                res[3 * i] = RF_ODD
+                continue
+            size = st.st_size
+            res[3 * i + 2] = size
+            todo = [(int(sp[2 * k]), int(sp[2 * k + 1])) for k in range(first[i], first[i + 1])]
+            dest = None if dests is None or dests[i] is None else memoryview(dests[i]).cast("B")
+            if not todo:
+                if size > limit:
+                    res[3 * i] = RF_TOO_LARGE
+                    continue
+                if dest is not None and len(dest) == size:
+                    to, where = dest, RF_PLACED
+                elif size > len(buf) - used:
+                    res[3 * i] = RF_LATER
+                    later = True
+                    continue
+                else:
+                    to, where = buf[used:used + size], used
+                todo = [(0, size)]
+            else:
+                if any(s < 0 or k < 0 or s > size or k > size - s for s, k in todo):
+                    res[3 * i] = RF_TOO_LARGE
+                    continue
+                total = sum(k for _, k in todo)
+                if total > len(buf) - used:
+                    res[3 * i] = RF_LATER
+                    later = True
+                    continue
+                to, where = buf[used:used + total], used
+            got = 0
+            for s, k in todo:
+                n_read = _pread_into(fd, to[got:got + k], s)
+                got += n_read
+                if n_read != k:
+                    where = RF_CHANGED
+                    break
+            res[3 * i] = where
+            res[3 * i + 1] = got
+            if where >= 0:
+                used += got
+        except OSError as e:
+            raise _named(e, path) from None
+        finally:
+            os.close(fd)
+
+
+def _bytes_view(obj) -> memoryview:
+    view = memoryview(obj)
+    if view.readonly:
+        raise TypeError("read_files() needs writable buffers")
+    return view.cast("B") if view.nbytes else memoryview(bytearray(0))
+
+
+def _pread_into(fd: int, dst: memoryview, offset: int) -> int:
+    got = 0
+    while got < len(dst):
+        try:
+            data = os.pread(fd, len(dst) - got, offset + got) if hasattr(os, "pread") else \
+                _seek_read(fd, len(dst) - got, offset + got)
+        except InterruptedError:
+            continue
+        if not data:
+            break
+        dst[got:got + len(data)] = data
+        got += len(data)
+    return got
+
+
+def _seek_read(fd: int, n: int, offset: int) -> bytes:
+    os.lseek(fd, offset, os.SEEK_SET)  # Windows: no pread
+    return os.read(fd, n)

@@ -1,0 +1,267 @@
+"""The key-value layer under volume reads (kvstore/), the batched file reads beneath it
+(`Store.read_batch`, `storage/_fileread.c` `read_files` and its fallback), and raw chunks read as
+the byte spans a box needs.
+
+Oracles: shard files written by TensorStore, parsed by the independent parser in oracle.py;
+chunk files as TensorStore writes them, read whole with Python; boxes compared with the truth
+TensorStore wrote, in both memory orders."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+from oracle import SHARD_ID_RAW_GZIP, SHARD_MM_GZIP_GZIP, make_data, parse_shard, scale_dir, write_volume
+
+from xarray_precomputed import Volume
+from xarray_precomputed.errors import ShardFormatError
+from xarray_precomputed.format.info import parse_info
+from xarray_precomputed.kvstore import ShardedKeyValue, UnshardedKeyValue
+from xarray_precomputed.reading import batched
+from xarray_precomputed.storage import LocalStore, fileread_fallback, local
+from xarray_precomputed.storage.base import ABSENT, PLACED, TOO_LARGE
+
+C_READ = local.read_files if local.read_files is not fileread_fallback.read_files else None
+READERS = [pytest.param(fileread_fallback.read_files, id="python"),
+           pytest.param(C_READ, id="c", marks=pytest.mark.skipif(C_READ is None,
+                                                                   reason="extension not built"))]
+
+
+def _values(got, i):
+    s, off, length, _ = got.rows[i].tolist()
+    return None if s < 0 else bytes(memoryview(got.sources[s]).cast("B")[off:off + length])
+
+
+# -- sharded: every stored id, and absent ones, against the shard files TensorStore wrote
+
+@pytest.fixture(scope="module", params=["id_gzip_data", "murmur_gzip_gzip"])
+def sharded(request, tmp_path_factory):
+    spec = SHARD_ID_RAW_GZIP if request.param == "id_gzip_data" else SHARD_MM_GZIP_GZIP
+    data = make_data((40, 24, 20, 1), np.uint16, seed=42)
+    path = write_volume(tmp_path_factory.mktemp("kv") / "v", data, chunk_size=(8, 8, 4),
+                        sharding=spec)
+    info = parse_info((path / "info").read_text())
+    scale = info.scales[0]
+    full = {"@type": "neuroglancer_uint64_sharded_v1", **spec}
+    truth = {}
+    for f in sorted(scale_dir(path).glob("*.shard")):
+        for cid, (_, _, blob) in parse_shard(f.read_bytes(), full).items():
+            truth[cid] = blob
+    return path, scale, truth
+
+
+def _sharded_kv(path, scale):
+    return ShardedKeyValue(LocalStore(str(path)), scale.path, scale.sharding,
+                           max_value_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("inflate", [True, False])
+def test_sharded_batched_get_across_shards_equals_the_shard_files(sharded, inflate):
+    path, scale, truth = sharded
+    kv = _sharded_kv(path, scale)
+    ids = np.array(sorted(truth), np.uint64)
+    absent = np.array([max(truth) + 1, max(truth) + 1000], np.uint64)
+    keys = np.concatenate([ids[::-1], absent, ids[:3]])
+    assert len(np.unique(kv.partition_of(ids))) > 1, "the batch must span several shards"
+    assert kv.get_many(keys) == [truth.get(int(k)) for k in keys]
+    got = kv.get_located(keys, inflate=inflate)
+    assert got.gzip == (not inflate and scale.sharding.data_encoding == "gzip")
+    for i, k in enumerate(keys.tolist()):
+        value = _values(got, i)
+        if k not in truth:
+            assert value is None and got.rows[i, 0] == ABSENT
+        elif got.gzip:
+            import zlib
+            assert zlib.decompress(value, wbits=31) == truth[k]
+        else:
+            assert value == truth[k]
+    # a whole shard asked for at once reads the same (from a store that fetches ranges whole)
+    shard0 = ids[kv.partition_of(ids) == kv.partition_of(ids)[0]]
+    assert [_values(kv.get_located(shard0, whole=True), i) for i in range(len(shard0))] == \
+        [truth[int(k)] for k in shard0]
+    # every key of a shard, read from its indices alone
+    part = int(kv.partition_of(ids)[0])
+    np.testing.assert_array_equal(kv.keys_in(part), np.sort(shard0))
+
+
+def test_read_order_groups_a_partition_in_file_order(sharded):
+    path, scale, truth = sharded
+    kv = _sharded_kv(path, scale)
+    ids = np.array(sorted(truth), np.uint64)[::-1]
+    order = kv.read_order(ids)
+    parts = kv.partition_of(ids)[order]
+    assert (np.diff(parts) >= 0).all()
+    assert sorted(order.tolist()) == list(range(len(ids)))
+
+
+def test_a_damaged_shard_index_names_the_shard(sharded, tmp_path):
+    import shutil
+    path, scale, truth = sharded
+    copy = tmp_path / "v"
+    shutil.copytree(path, copy)
+    victim = sorted(scale_dir(copy).glob("*.shard"))[0]
+    blob = bytearray(victim.read_bytes())
+    entries = 1 << scale.sharding.minishard_bits
+    # every minishard's index range: far past the end of the file
+    blob[0:16 * entries] = np.tile(np.array([1 << 40, 1 << 41], "<u8"), entries).tobytes()
+    victim.write_bytes(bytes(blob))
+    kv = _sharded_kv(copy, scale)
+    in_victim = [k for k in sorted(truth)
+                 if kv.shard_name(int(kv.partition_of(np.array([k], np.uint64))[0])).endswith(victim.name)]
+    with pytest.raises(ShardFormatError) as e:
+        kv.get_located(np.array(in_victim, np.uint64))
+    assert victim.name in str(e.value)
+
+
+# -- unsharded: chunk files read in one call, whole or by spans, as the files hold them
+
+@pytest.fixture(scope="module")
+def chunk_files(tmp_path_factory):
+    data = make_data((20, 12, 9, 2), np.uint16, seed=7)
+    path = write_volume(tmp_path_factory.mktemp("kv") / "u", data, chunk_size=(8, 6, 4))
+    info = parse_info((path / "info").read_text())
+    d = scale_dir(path)
+    names = sorted(p.name for p in d.iterdir())
+    return path, info.scales[0], names, {n: (d / n).read_bytes() for n in names}
+
+
+def _unsharded(path, scale, names):
+    index = {n: i for i, n in enumerate(names)}
+    return UnshardedKeyValue(LocalStore(str(path)), scale.path, name=lambda k: names[k],
+                             parse=index.__getitem__)
+
+
+@pytest.mark.parametrize("read_files", READERS)
+@pytest.mark.parametrize("buffer_bytes", [None, 1, 3000, 1 << 20])
+def test_unsharded_batched_get_whole_and_spans(chunk_files, monkeypatch, read_files, buffer_bytes):
+    path, scale, names, files = chunk_files
+    monkeypatch.setattr(local, "read_files", read_files)
+    kv = _unsharded(path, scale, names + ["absent-one"])
+    keys = np.array([3, len(names), 0, 1, 3, 2], np.uint64)
+    buffer = None if buffer_bytes is None else np.zeros(buffer_bytes, np.uint8)
+    got = kv.get_located(keys, buffer=buffer)
+    want = [files.get(([*names, "absent-one"])[k]) for k in keys.tolist()]
+    assert [_values(got, i) for i in range(len(keys))] == want
+    assert got.rows[1, 0] == ABSENT
+    # spans: each key its own, packed in order; none for one key (whole)
+    spans = [[(2, 5), (40, 3)], [(0, 1)], [], [(0, 4), (4, 4), (100, 0)], [(len(files[names[3]]) - 1, 1)],
+             [(6, 2)]]
+    first = np.zeros(len(keys) + 1, np.int64)
+    np.cumsum([len(s) for s in spans], out=first[1:])
+    flat = np.array([s for row in spans for s in row], np.int64).reshape(-1, 2)
+    got = kv.get_located(keys, buffer=buffer, spans=(first, flat))
+    for i in range(len(keys)):
+        if want[i] is None:
+            assert _values(got, i) is None
+            continue
+        expect = b"".join(want[i][s:s + n] for s, n in spans[i]) if spans[i] else want[i]
+        assert _values(got, i) == expect, i
+        assert got.rows[i, 3] == len(want[i])
+    # a span past the end of its file reads nothing (TOO_LARGE, with the file's size)
+    got = kv.get_located(keys[:1], spans=(np.array([0, 1]), np.array([[0, 10 ** 6]])))
+    assert got.rows[0, 0] == TOO_LARGE and got.rows[0, 3] == len(want[0])
+
+
+@pytest.mark.parametrize("read_files", READERS)
+def test_whole_files_go_into_their_destinations(chunk_files, monkeypatch, read_files):
+    path, scale, names, files = chunk_files
+    monkeypatch.setattr(local, "read_files", read_files)
+    kv = _unsharded(path, scale, names)
+    sizes = [len(files[n]) for n in names[:3]]
+    dests = [np.zeros(sizes[0], np.uint8), None, np.zeros(sizes[2] + 1, np.uint8)]
+    got = kv.get_located(np.arange(3, dtype=np.uint64), dests=dests)
+    assert got.rows[0, 0] == PLACED and dests[0].tobytes() == files[names[0]]
+    assert got.rows[1, 0] >= 0 and got.rows[2, 0] >= 0   # no destination / not its size
+    assert _values(got, 2) == files[names[2]] and not dests[2].any()
+    # a file larger than the bound is not read
+    small = UnshardedKeyValue(LocalStore(str(path)), scale.path, name=lambda k: names[k],
+                              max_value_bytes=sizes[0] - 1)
+    got = small.get_located(np.array([0], np.uint64))
+    assert got.rows[0, 0] == TOO_LARGE and got.rows[0, 3] == sizes[0]
+
+
+@pytest.mark.skipif(C_READ is None, reason="extension not built")
+def test_c_and_python_read_files_agree_on_random_requests(chunk_files):
+    """A fuzz of read_files' arguments: random spans (in and past the files), buffers and
+    destinations; the C call and its fallback write the same results and bytes."""
+    path, scale, names, files = chunk_files
+    d = scale_dir(path)
+    rng = np.random.default_rng(42)
+    paths = [str(d / n) for n in names] + [str(d / "absent"), str(d)]
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        pick = [paths[int(i)] for i in rng.integers(0, len(paths), n)]
+        counts = rng.integers(0, 4, n) * (rng.random(n) < 0.6)
+        first = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=first[1:])
+        spans = np.stack([rng.integers(0, 800, first[-1]), rng.integers(0, 400, first[-1])],
+                         axis=1).astype(np.int64).reshape(-1, 2)
+        cap = int(rng.integers(0, 4000))
+        limit = int(rng.integers(0, 2000))
+        sizes = [int(rng.integers(300, 800)) for _ in range(n)]
+        results = []
+        for f in (C_READ, fileread_fallback.read_files):
+            buf = np.zeros(cap, np.uint8)
+            dests = [np.zeros(s, np.uint8) if rng is not None and s % 3 == 0 else None for s in sizes]
+            res = np.full((n, 3), 7, np.int64)
+            f(pick, buf, first, spans, dests, limit, res)
+            results.append((res, buf, [x if x is None else x.tobytes() for x in dests]))
+        (r1, b1, d1), (r2, b2, d2) = results
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(b1, b2)
+        assert d1 == d2
+
+
+def test_a_directory_or_pipe_named_like_a_key(tmp_path):
+    store = LocalStore(str(tmp_path))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_bytes(b"abc")
+    got = store.read_batch(["f", "d", "nothing"])
+    assert got.rows[:, 0].tolist()[1:] == [ABSENT, ABSENT]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "p")
+        from xarray_precomputed.errors import CorruptChunkError
+        with pytest.raises(CorruptChunkError, match="not a regular file"):
+            store.read_batch(["f", "p"])
+
+
+# -- raw boxes read as byte spans: every alignment, both memory orders, against the truth
+
+@pytest.fixture(scope="module")
+def raw_volume(tmp_path_factory):
+    data = make_data((13, 11, 10, 2), np.uint16, seed=3)
+    path = write_volume(tmp_path_factory.mktemp("kv") / "r", data, chunk_size=(5, 4, 3))
+    return path, data
+
+
+@pytest.mark.parametrize("span_cost", [0, 40, 1 << 40])
+def test_raw_boxes_at_every_alignment_read_the_truth(raw_volume, monkeypatch, span_cost):
+    """Per axis every (start, stop) over two chunks and the edge, the other axes partial too; the
+    cost makes the spans rows of planes (0), a mix of planes, rows and whole files (40), or
+    whole files (no spans)."""
+    path, data = raw_volume
+    monkeypatch.setattr(batched, "SPAN_COST_BYTES", span_cost)
+    r = Volume.open(str(path)).scale(0)
+    asked = []
+    kv = r.kv
+    get_located = kv.get_located
+
+    def spy(keys, **kw):
+        asked.append(kw.get("spans") is not None)
+        return get_located(keys, **kw)
+
+    monkeypatch.setattr(kv, "get_located", spy)
+    size = data.shape[:3]
+    for axis in range(3):
+        n = size[axis]
+        for start, stop in itertools.combinations(range(n + 1), 2):
+            box = [slice(1, size[0] - 1), slice(1, size[1] - 2), slice(2, size[2] - 1)]
+            box[axis] = slice(start, stop)
+            for order in ("C", "F"):
+                got = r.read(box, order=order)
+                assert got.flags[f"{order}_CONTIGUOUS"]
+                np.testing.assert_array_equal(got, data[tuple(box)], err_msg=f"{box} {order}")
+    # (the per-chunk path, without the extension, reads whole chunks)
+    assert any(asked) == (span_cost < 1 << 40 and batched.decodes_in_batches(r, r.dtype))
