@@ -265,3 +265,27 @@ def test_raw_boxes_at_every_alignment_read_the_truth(raw_volume, monkeypatch, sp
                 np.testing.assert_array_equal(got, data[tuple(box)], err_msg=f"{box} {order}")
     # (the per-chunk path, without the extension, reads whole chunks)
     assert any(asked) == (span_cost < 1 << 40 and batched.decodes_in_batches(r, r.dtype))
+
+
+def _huge_info(size):
+    return {"type": "segmentation", "data_type": "uint64", "num_channels": 1,
+            "scales": [{"key": "s0", "size": size, "resolution": [1, 1, 1], "voxel_offset": [0, 0, 0],
+                        "chunk_sizes": [[1, 1, 1]], "encoding": "raw"}]}
+
+
+def test_huge_unsharded_axes_name_chunks_without_listing_them(tmp_path):
+    from xarray_precomputed import Volume
+
+    scale = Volume.open(str(tmp_path), info=_huge_info([2**40, 2, 2])).scale(0)
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "s0" / f"{2**40 - 1}-{2**40}_1-2_0-1").write_bytes(np.uint64(77).tobytes())
+    got = scale.read((slice(2**40 - 2, 2**40), slice(0, 2), slice(0, 1)))
+    assert got[..., 0].tolist() == [[[0], [0]], [[0], [77]]]
+
+
+def test_unsharded_grids_past_64_bit_keys_are_refused(tmp_path):
+    from xarray_precomputed import PrecomputedError, Volume
+
+    scale = Volume.open(str(tmp_path), info=_huge_info([2**22, 2**22, 2**21])).scale(0)
+    with pytest.raises(PrecomputedError, match="more than unsharded keys"):
+        scale.read((slice(0, 1), slice(0, 1), slice(2**21 - 1, 2**21)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
@@ -109,8 +109,8 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
     return ids, np.bincount(inv, weights=c, minlength=len(ids)).astype(np.int64)
 
 
-def _flat(block: np.ndarray) -> tuple[np.ndarray, str]:
-    order = "F" if block.flags.f_contiguous and not block.flags.c_contiguous else "C"
+def _flat(block: np.ndarray) -> tuple[np.ndarray, Literal["C", "F"]]:
+    order: Literal["C", "F"] = "F" if block.flags.f_contiguous and not block.flags.c_contiguous else "C"
     return block.ravel(order=order), order
 
 

@@ -99,6 +99,20 @@ class Volume:
                 f"x{self.info.num_channels}, {len(self.info.scales)} scales>")
 
 
+# Axes of at most this many cells have their chunk-name parts listed once per reader.
+AXIS_NAMES_LISTED = 1 << 16
+
+
+class _Names:
+    """An axis's chunk-name parts, made when asked for (indexable like the listed ones)."""
+
+    def __init__(self, name: Callable[[int], str]):
+        self.name = name
+
+    def __getitem__(self, g: int) -> str:
+        return self.name(int(g))
+
+
 class ScaleReader(ChunkedScaleReader):
     """Reads boxes and outer selections of one scale of a precomputed volume."""
 
@@ -146,19 +160,28 @@ class ScaleReader(ChunkedScaleReader):
         cells = np.asarray(cells, np.int64).reshape(-1, 3)
         if self.scale_info.sharding is not None:
             return compressed_morton(cells, self.grid_shape)
-        gx, gy, _ = self.grid_shape
+        gx, gy, gz = self.grid_shape
+        if gx * gy * gz > 1 << 63:  # a row-major index would wrap: refuse, never a wrong chunk
+            raise PrecomputedError(f"scale {self.scale_info.key!r} has {gx * gy * gz} chunks, more "
+                                   "than unsharded keys (row-major cell indices) can number")
         return (cells[:, 0] + gx * (cells[:, 1] + gy * cells[:, 2])).astype(np.uint64)
 
     def _key_name(self, key: int) -> str:
         return self._key_names(np.array([key], np.uint64))[0]
 
     @functools.cached_property
-    def _axis_names(self) -> tuple[list[str], ...]:
-        """Per axis, the `begin-end` part of chunk file names of each grid index."""
+    def _axis_names(self) -> tuple[Any, ...]:
+        """Per axis, the `begin-end` part of chunk file names of each grid index: a list where
+        the axis has few cells, else a function (a damaged or huge `info` must not make us build
+        names for every cell of an axis)."""
         s = self.scale_info
-        return tuple([f"{o + g * c}-{o + min((g + 1) * c, n)}" for g in range(grid)]
-                     for grid, c, n, o in zip(self.grid_shape, self.chunk_size, s.size,
-                                              s.voxel_offset))
+        out: list[Any] = []
+        for grid, c, n, o in zip(self.grid_shape, self.chunk_size, s.size, s.voxel_offset):
+            def name(g: int, c: int = c, n: int = n, o: int = o) -> str:
+                return f"{o + g * c}-{o + min((g + 1) * c, n)}"
+            out.append([name(g) for g in range(grid)] if grid <= AXIS_NAMES_LISTED else
+                       _Names(name))
+        return tuple(out)
 
     def _key_names(self, keys: np.ndarray) -> list[str]:
         """Chunk file names `x0-x1_y0-y1_z0-z1` of unsharded keys (absolute voxel coordinates)."""
