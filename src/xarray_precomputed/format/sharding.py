@@ -163,6 +163,10 @@ def inflates_with_libdeflate() -> bool:
     return _deflate is not None
 
 
+# The most a deflate stream can expand (zlib's documentation: 1032:1), with room for headers.
+MAX_DEFLATE_RATIO = 1040
+
+
 def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray:
     """gzip (or zlib) decompression that stops at `limit` bytes: a bomb cannot exhaust memory.
 
@@ -174,7 +178,10 @@ def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray
     # batched reader (zlib) must accept exactly what this accepts.
     if _deflate is not None and len(data) >= 18 and data[:2] == b"\x1f\x8b" \
             and not data[3] & 0x02:
-        if int.from_bytes(data[-4:], "little") <= limit:
+        # deflate expands at most ~1032:1: a trailer claiming more is damaged, and must not
+        # make libdeflate allocate what it claims (up to 4 GiB)
+        stated = int.from_bytes(data[-4:], "little")
+        if stated <= limit and stated <= MAX_DEFLATE_RATIO * len(data):
             try:
                 return _deflate.gzip_decompress(data)
             except _deflate.DeflateError:
