@@ -4,6 +4,7 @@ level of detail), sharded or not."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +68,7 @@ class _FragmentWhere:
         return f"{self.where} level {self.lod} fragment {self.frag}"
 
 
-class MeshReader:
+class MeshReader(ABC):
     """The meshes of one directory; `MeshReader.open(url)` picks the format from its info."""
 
     def __init__(self, where: ObjectDir, info: MeshInfo):
@@ -90,8 +91,9 @@ class MeshReader:
     def get(self, segment_id: int, lod: int = 0) -> Mesh:
         return self.get_many([segment_id], lod=lod)[0]
 
+    @abstractmethod
     def get_many(self, ids, lod: int = 0) -> list[Mesh]:
-        raise NotImplementedError
+        """Each mesh of `ids` at level of detail `lod` (legacy sets have one level)."""
 
     kv: KeyValue
 
