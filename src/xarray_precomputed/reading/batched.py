@@ -180,9 +180,13 @@ class _Read:
         self.geom = geom
         self.keys = reader.chunk_keys(cells)
         self.kv = reader.kv
-        nc = reader.info.num_channels
+        nc = self.nc = reader.info.num_channels
+        # read once: looked up per batch they were a tenth of a raw read's GIL-held time
+        self.dtype_name = reader.info.dtype.name
+        self.limit = reader.max_stored_bytes
         self.chunk_bytes = math.prod(reader.chunk_size) * nc * reader.dtype.itemsize
         self.raw = get_codec(reader.scale_info.encoding).plain
+        self.whole_dests = self.raw and reader.stores_plain_voxels
         self.kind = kind_of(reader)
         block = reader.scale_info.compressed_segmentation_block_size
         self.block = tuple(block or ()) if self.kind == KINDS.get("cseg") else (1, 1, 1)
@@ -260,14 +264,14 @@ class _Read:
     def dests(self, members: np.ndarray, out: np.ndarray) -> list | None:
         """Per chunk, the region of `out` its stored bytes are, where a whole raw chunk is one
         run of a Fortran-ordered result (1024x1024x1 planes of a whole read), else None."""
-        if not (self.raw and self.reader.stores_plain_voxels and out.flags.f_contiguous):
+        if not (self.whole_dests and out.flags.f_contiguous):
             return None
         c = self.reader.chunk_size
         if out.shape[0] > c[0] or out.shape[1] > c[1]:
             return None  # a chunk's region is then never one run
         got: list = [None] * len(members)
         any_run = False
-        nc = self.reader.info.num_channels
+        nc = self.nc
         G = GEOM
         assert G is not None
         for j, g in enumerate(self.geom[members].tolist()):
@@ -283,13 +287,17 @@ class _Read:
         return got if any_run else None
 
     # -- decoding
-    def settle(self, members: np.ndarray, got: Located, geom: np.ndarray) -> np.ndarray:
+    def settle(self, members: np.ndarray, got: Located, geom: np.ndarray,
+               lowest: int | None = None) -> np.ndarray:
         """Geometry rows of a batch as its values came (spans honoured: the packed chunk's own
         rows), after the checks that need no decoding; absent chunks settled by the one missing
-        rule. The rows' first column stays the values' rows (ABSENT, PLACED, source)."""
+        rule. The rows' first column stays the values' rows (ABSENT, PLACED, source). `lowest`:
+        the least of that column, where the caller has it."""
         rows = got.rows
         codes = rows[:, 0]
-        if codes.min() >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
+        if lowest is None:
+            lowest = int(codes.min())
+        if lowest >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
             return geom  # every chunk stored, each whole
         big = np.flatnonzero(codes == TOO_LARGE)
         if len(big):
@@ -335,10 +343,11 @@ class _Read:
                zeroed: bool, stream: bool) -> None:
         """One call of the extension: the batch's chunks decoded into their `geom` regions of
         `out`, absent ones zero-filled unless `out` came zeroed."""
-        geom = self.settle(members, got, geom)
         rows = got.rows
         codes = rows[:, 0]
-        if codes.min() < 0:
+        lowest = int(codes.min())
+        geom = self.settle(members, got, geom, lowest)
+        if lowest < 0:
             keep = codes >= 0 if zeroed else codes != PLACED
             if not keep.all():
                 rows, geom, members = rows[keep], geom[keep], members[keep]
@@ -348,7 +357,7 @@ class _Read:
             src[src[:, 0] < 0, 0] = -1
         else:
             src = np.ascontiguousarray(rows[:, :3])
-        limit = self.reader.max_stored_bytes
+        limit = self.limit
         gzip = got.gzip
         first = gzip and (INFLATE_FIRST or not _batch.HAVE_ZLIB)  # type: ignore[union-attr]
         parts = self.inflated(members, got.sources, src) if first else \
@@ -357,8 +366,7 @@ class _Read:
         for part, sources, part_src in parts:
             try:
                 _batch.decode_chunks(out, self.kind,  # type: ignore[union-attr]
-                                     self.reader.info.dtype.name, self.block,
-                                     self.reader.info.num_channels, sources,
+                                     self.dtype_name, self.block, self.nc, sources,
                                      np.ascontiguousarray(part_src),
                                      np.ascontiguousarray(geom[part]), in_c, limit, stream,
                                      _scratch_for("inflate", limit + 1 if in_c else 0))
@@ -370,7 +378,7 @@ class _Read:
         """(positions, sources, rows) per part of a batch of gzip values, each value inflated
         here (libdeflate where installed, else a build without zlib): parts of at most
         INFLATED_PART_BYTES, each one call of the extension."""
-        limit = self.reader.max_stored_bytes
+        limit = self.limit
         views = [memoryview(b).cast("B") for b in sources]
         start, size = 0, 0
         inflated: list = []

@@ -229,6 +229,7 @@ class LocalStore(Store):
         k = 0  # files before k are done; each round reads until the buffer is full
         buf = buffer if buffer is not None else _aligned_buffer(1 << 16)
         got = np.empty((n, 3), np.int64)
+        every = False  # every value read into the first buffer
         while True:
             try:
                 read_files(paths[k:] if k else paths, buf, first[k:] - first[k] if k else first,
@@ -241,6 +242,7 @@ class LocalStore(Store):
             if where.min() >= 0:  # all read into buf
                 rows[k:, 0] = len(sources)
                 sources.append(buf)
+                every = k == 0
                 break
             here = where >= 0
             rows[k:, 0] = np.where(here, len(sources), where)
@@ -257,11 +259,11 @@ class LocalStore(Store):
         self.count("read", n)
         codes = rows[:, 0]
         for f in folders:  # (a batch is one folder's keys)
-            if self._forms.get(f) is None and ((codes >= 0) | (codes == PLACED) |
-                                               (codes == TOO_LARGE)).any():
+            if self._forms.get(f) is None and (every or ((codes >= 0) | (codes == PLACED) |
+                                                         (codes == TOO_LARGE)).any()):
                 self._learn(f, "")
-        if codes.min() >= 0:
-            return Located(sources, rows)  # every value read into the buffer
+        if every or codes.min() >= 0:
+            return Located(sources, rows)  # every value read into a buffer
         for i in np.flatnonzero(codes == fileread_fallback.RF_ODD).tolist():
             raise CorruptChunkError("the chunk's file is not a regular file",
                                     chunk=self.describe(keys[i]))
