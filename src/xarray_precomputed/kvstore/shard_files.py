@@ -185,7 +185,8 @@ class ShardReader:
                                  minishards: list[int]) -> dict[int, MinishardIndex] | None:
         if self.shard_form_cache.get(self._cache_key("form", shard)) == _ABSENT:
             return None
-        wheres = {m: f"{self.shard_name(shard)} minishard {m}" for m in minishards}
+        name = self.shard_name(shard)
+        wheres = {m: f"{name} minishard {m}" for m in minishards}
         entries = self._shard_index_entries(shard, minishards, wheres)
         if entries is None:
             return None
@@ -267,11 +268,14 @@ class ShardReader:
         short = np.flatnonzero(e > run_start[run] + lengths[run])
         if len(short):
             raise self._past_end(shard, starts, ends, order[short[0]], want, describe)
-        off = s - run_start[run]
-        got: list = [None] * len(want)
-        for j, r, a, b in zip(order.tolist(), run.tolist(), off.tolist(), (off + e - s).tolist()):
-            got[j] = runs[r][a:b]
-        return got
+        own = np.empty(len(order), np.int64)  # each range's run, in the order asked
+        own[order] = run
+        off = starts - run_start[own]
+        if len(runs) == 1:
+            blob = runs[0]
+            return [blob[a:b] for a, b in zip(off.tolist(), (off + ends - starts).tolist())]
+        return [runs[r][a:b] for r, a, b in zip(own.tolist(), off.tolist(),
+                                                 (off + ends - starts).tolist())]
 
     def _past_end(self, shard, starts, ends, i, want, describe) -> ShardFormatError:
         i = int(i)
@@ -334,11 +338,14 @@ class ShardReader:
         and ends) from their minishard indices: one lookup per minishard. A range no chunk of
         this scale could fill is refused here, before any fetch."""
         n = len(chunk_ids)
-        found = np.zeros(n, bool)
-        starts = np.zeros(n, np.int64)
-        ends = np.zeros(n, np.int64)
-        for m, sel in positions_by_value(minishards):
-            found[sel], starts[sel], ends[sel] = indices[m].lookup(chunk_ids[sel])
+        if n > 64:
+            found, starts, ends = _lookup_many(indices, chunk_ids, minishards)
+        else:
+            found = np.zeros(n, bool)
+            starts = np.zeros(n, np.int64)
+            ends = np.zeros(n, np.int64)
+            for m, sel in positions_by_value(minishards):
+                found[sel], starts[sel], ends[sel] = indices[m].lookup(chunk_ids[sel])
         want = np.flatnonzero(found)
         starts, ends = starts[want], ends[want]
         big = np.flatnonzero(ends - starts > self.max_chunk_bytes)
@@ -358,10 +365,47 @@ class ShardReader:
                 # named only on failure: describing costs a hash per chunk (~0.3 ms)
                 out[i] = decode_gzip(b, limit, where=_LazyName(describe, i),  # type: ignore[arg-type]
                                      what="chunk data")
+        elif len(want) == len(out):  # every chunk stored: `got` is in the order asked
+            return list(got)
         else:
             for i, b in zip(want.tolist(), got):
                 out[i] = b
         return out
+
+
+def _lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`MinishardIndex.lookup` of every chunk in its own minishard at once: the indices laid end
+    to end and each chunk's id searched (bisected together) within its minishard's stretch, so a
+    batch over many minishards costs numpy passes, not a few numpy calls per minishard."""
+    n = len(chunk_ids)
+    if not n:
+        return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    uniq, group = np.unique(minishards, return_inverse=True)
+    parts = [indices[m] for m in uniq.tolist()]
+    ids = np.concatenate([p.ids for p in parts])
+    bounds = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum(np.fromiter((len(p.ids) for p in parts), np.int64, len(parts)), out=bounds[1:])
+    group = group.reshape(-1)
+    lo, hi = bounds[group], bounds[group + 1]
+    end = hi
+    last = max(len(ids) - 1, 0)
+    if len(ids):
+        while True:  # leftmost position in [lo, hi) whose id is not below the chunk's
+            active = lo < hi
+            if not active.any():
+                break
+            mid = (lo + hi) // 2
+            below = active & (ids[np.minimum(mid, last)] < chunk_ids)
+            lo = np.where(below, mid + 1, lo)
+            hi = np.where(active & ~below, mid, hi)
+    if not len(ids):
+        return np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    pos = np.minimum(lo, last)
+    found = (lo < end) & (ids[pos] == chunk_ids)
+    starts = np.concatenate([p.starts for p in parts])[pos]
+    ends = np.concatenate([p.ends for p in parts])[pos]
+    return found, starts, ends
 
 
 class _LazyName:
