@@ -38,9 +38,9 @@ def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[list[tuple[in
     holds each input range)."""
     if len(ranges) > 16:  # numpy's fixed cost pays from a few dozen ranges
         a = np.array(ranges, np.int64).reshape(-1, 2)
-        order, run, run_start, run_end = merge_runs(a[:, 0], a[:, 1], gap)
-        owner_a = np.empty(len(order), np.int64)
-        owner_a[order] = run
+        by_start, run, run_start, run_end = merge_runs(a[:, 0], a[:, 1], gap)
+        owner_a = np.empty(len(by_start), np.int64)
+        owner_a[by_start] = run
         return list(zip(run_start.tolist(), run_end.tolist())), owner_a.tolist()
     order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
     merged: list[list[int]] = []
