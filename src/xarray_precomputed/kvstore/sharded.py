@@ -43,7 +43,11 @@ class ShardedKeyValue(KeyValue):
         if len(keys) == 0:
             return out
         shards, minis = self.locate(keys)
-        for shard, pos in positions_by_value(shards):
+        groups = list(positions_by_value(shards))
+        if len(groups) == 1:  # one shard: its answer is in the order asked
+            return self.shards.read_chunks(groups[0][0], keys, minis,
+                                           lambda i: self.describe(int(keys[i])))
+        for shard, pos in groups:
             got = self.shards.read_chunks(shard, keys[pos], minis[pos],
                                           lambda i, pos=pos: self.describe(int(keys[pos[i]])))
             for p, value in zip(pos.tolist(), got):

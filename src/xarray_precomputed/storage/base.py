@@ -18,9 +18,30 @@ from ..context import Context, DefaultCounters, default_context
 request_counts = DefaultCounters("requests")
 
 
+def merge_runs(starts: np.ndarray, ends: np.ndarray, gap: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Byte ranges `[starts, ends)` (int64) merged where the gaps between them are at most `gap`:
+    (order sorting the ranges by start, the run of each range in that order, each run's start,
+    each run's end)."""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(order), bool)
+    new[1:] = s[1:] > reach[:-1] + gap
+    run = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    return order, run, s[first], np.maximum.reduceat(e, first) if len(first) else s[first]
+
+
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[list[tuple[int, int]], list[int]]:
     """Merge ranges whose gaps are below `gap`: (merged ranges, index of the merged range that
     holds each input range)."""
+    if len(ranges) > 16:  # numpy's fixed cost pays from a few dozen ranges
+        a = np.array(ranges, np.int64).reshape(-1, 2)
+        by_start, run, run_start, run_end = merge_runs(a[:, 0], a[:, 1], gap)
+        owner_a = np.empty(len(by_start), np.int64)
+        owner_a[by_start] = run
+        return list(zip(run_start.tolist(), run_end.tolist())), owner_a.tolist()
     order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
     merged: list[list[int]] = []
     owner = [0] * len(ranges)
@@ -36,11 +57,8 @@ def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[list[tuple[in
 
 def split_merged(ranges, merged, owner, blobs) -> list[bytes]:
     """The bytes of each of `ranges`, cut from the `blobs` fetched for the `merged` ranges."""
-    out = []
-    for (s, e), m in zip(ranges, owner):
-        ms = merged[m][0]
-        out.append(blobs[m][s - ms:e - ms])
-    return out
+    ms = [m[0] for m in merged]
+    return [blobs[m][s - ms[m]:e - ms[m]] for (s, e), m in zip(ranges, owner)]
 
 
 # Where a value of a batch is (`Located.rows[:, 0]`), besides an index into its sources.
