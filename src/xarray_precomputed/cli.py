@@ -244,8 +244,8 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _annotation_summary(url: str, storage_options: dict | None) -> dict | None:
-    """The summary of an annotation set, or None when `url`'s info is not an annotation info."""
+def _annotation_source(url: str, storage_options: dict | None, context=None):
+    """The annotation set at `url`, or None when its info is not an annotation info."""
     from .format.annotation_info import is_annotation_info
     from .reading.annotations import AnnotationSource
     from .storage import open_store, strip_scheme_prefix
@@ -257,7 +257,37 @@ def _annotation_summary(url: str, storage_options: dict | None) -> dict | None:
         return None
     if not is_annotation_info(doc):
         return None
-    return AnnotationSource.open(url, storage_options=storage_options, info=text).summary()
+    return AnnotationSource.open(url, storage_options=storage_options, info=text, context=context)
+
+
+def _annotation_summary(url: str, storage_options: dict | None) -> dict | None:
+    """The summary of an annotation set, or None when `url`'s info is not an annotation info."""
+    source = _annotation_source(url, storage_options)
+    return None if source is None else source.summary()
+
+
+def _convert_annotations(args, source) -> int:
+    from .export.annotation_parquet import annotations_to_parquet
+
+    if source is None:
+        print(f"error: --to parquet converts an annotation set; {args.src} has no annotation "
+              "info", file=sys.stderr)
+        return 1
+    if args.to not in (None, "parquet"):
+        print(f"error: {args.src} is an annotation set: it converts to Parquet (--to parquet), "
+              f"not {args.to}", file=sys.stderr)
+        return 1
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            print(f"\r{done}/{total} parts", end="" if done < total else "\n", file=sys.stderr)
+
+    report = annotations_to_parquet(source, args.dst, dst_storage_options=args.dst_storage_options,
+                                    overwrite=args.overwrite, context=args.context,
+                                    progress=progress)
+    print(report)
+    return 0
 
 
 def format_annotations(s: dict) -> str:
@@ -386,9 +416,18 @@ def _positive_int(text: str) -> int:
 def cmd_convert(args) -> int:
     from .reading.missing import MissingCount
 
+    args.context = _context(args.threads)
+    if args.engine is None and args.info is None:
+        annotations = _annotation_source(args.src, args.storage_options, args.context)
+        if annotations is not None or args.to == "parquet":
+            return _convert_annotations(args, annotations)
+    if args.to == "parquet":
+        print(f"error: --to parquet converts an annotation set; {args.src} is not one",
+              file=sys.stderr)
+        return 1
+    args.to = args.to or "zarr"
     engine = args.engine or _guess_engine(args.src)
     args.missing_count = MissingCount()  # this conversion's own count
-    args.context = _context(args.threads)
     if args.to == "zarr":
         from .export.ome_zarr import to_ome_zarr
 
@@ -474,11 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.set_defaults(func=cmd_info)
 
-    c = sub.add_parser("convert", help="convert to OME-Zarr 0.5 (default) or precomputed")
+    c = sub.add_parser("convert", help="convert a volume to OME-Zarr 0.5 (default) or precomputed, "
+                       "an annotation set to Parquet")
     c.add_argument("src")
     c.add_argument("dst")
     source_options(c)
-    c.add_argument("--to", choices=("zarr", "precomputed"), default="zarr")
+    c.add_argument("--to", choices=("zarr", "precomputed", "parquet"), default=None,
+                   help="zarr for a volume, parquet for an annotation set (the defaults)")
     c.add_argument("--scale", type=_scale_arg, nargs="+", metavar="K",
                    help="scales to convert, by index in the info (or by key); default all. "
                         "Arrays are named s<K> after the source index")
