@@ -9,7 +9,6 @@ grid implies, `(upper_bound - lower_bound) / grid_shape`.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..codecs.annotation_records import ANNOTATION_TYPES, PROPERTY_TYPES, RecordLayout
 from ..errors import ArgumentError, InfoError
+from .documents import load_json, naming_source
 from .info import ShardingSpec, resolve_key
 
 ANNOTATION_INFO_TYPE = "neuroglancer_annotations_v1"
@@ -297,23 +297,11 @@ def parse_annotation_info(doc: str | bytes | Mapping[str, Any], *,
                           source: str | None = None) -> AnnotationInfo:
     """Parse and validate an annotation `info` (JSON text or a decoded mapping); `source` names
     the file in every InfoError."""
-    try:
-        return _parse(doc)
-    except InfoError as e:
-        if source is not None:
-            e.args = (f"{source}: {e}",)
-            e.source = source
-        raise
+    with naming_source(source):
+        return _parse(load_json(doc))
 
 
-def _parse(doc: str | bytes | Mapping[str, Any]) -> AnnotationInfo:
-    if isinstance(doc, (str, bytes, bytearray)):
-        try:
-            doc = json.loads(doc)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InfoError(f"not valid JSON: {e}") from None
-    if not isinstance(doc, Mapping):
-        raise InfoError(f"must be a JSON object, got {type(doc).__name__}")
+def _parse(doc: Mapping[str, Any]) -> AnnotationInfo:
     if doc.get("@type") != ANNOTATION_INFO_TYPE:
         raise InfoError(f"must be {ANNOTATION_INFO_TYPE!r}, got {doc.get('@type')!r}", field="@type")
     dims = doc.get("dimensions")

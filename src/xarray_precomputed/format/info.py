@@ -3,7 +3,6 @@ and held in frozen objects. Unknown members are kept in `extra` so nothing a wri
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import numpy as np
 
 from ..codecs.registry import find_codec, supported_encodings
 from ..errors import ArgumentError, InfoError, ScaleNotFoundError
+from .documents import load_json, naming_source
 
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
 
@@ -320,24 +320,11 @@ def _parse_scale(obj: Any, index: int, data_type: str, num_channels: int) -> Sca
 def parse_info(doc: str | bytes | Mapping[str, Any], *, source: str | None = None) -> VolumeInfo:
     """Parse and validate an `info` document (JSON text or an already-decoded mapping).
     `source` names where it was read (the info file's URL): every InfoError then names it."""
-    if source is None:
-        return _parse_info(doc)
-    try:
-        return _parse_info(doc)
-    except InfoError as e:
-        e.args = (f"{source}: {e}",)
-        e.source = source
-        raise
+    with naming_source(source):
+        return _parse_info(load_json(doc))
 
 
-def _parse_info(doc: str | bytes | Mapping[str, Any]) -> VolumeInfo:
-    if isinstance(doc, (str, bytes, bytearray)):
-        try:
-            doc = json.loads(doc)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InfoError(f"not valid JSON: {e}") from None
-    if not isinstance(doc, Mapping):
-        raise InfoError(f"must be a JSON object, got {type(doc).__name__}")
+def _parse_info(doc: Mapping[str, Any]) -> VolumeInfo:
     t = doc.get("@type")
     if t is not None and t != "neuroglancer_multiscale_volume":
         raise InfoError(f"must be 'neuroglancer_multiscale_volume' when present, got {t!r}",

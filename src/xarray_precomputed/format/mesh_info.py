@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorruptChunkError, InfoError
+from .documents import load_json, naming_source
 from .info import ShardingSpec
-from .objects_info import IDENTITY, load_json, optional_string, parse_transform
+from .objects_info import IDENTITY, optional_string, parse_transform
 
 LEGACY_TYPE = "neuroglancer_legacy_mesh"
 MULTILOD_TYPE = "neuroglancer_multilod_draco"
@@ -43,13 +44,8 @@ def parse_mesh_info(doc: str | bytes | Mapping[str, Any] | None, *, source: str 
     legacy set."""
     if doc is None:
         return LegacyMeshInfo()
-    try:
+    with naming_source(source):
         return _parse(load_json(doc))
-    except InfoError as e:
-        if source is not None:
-            e.args = (f"{source}: {e}",)
-            e.source = source
-        raise
 
 
 def _parse(doc: Mapping[str, Any]) -> MeshInfo:

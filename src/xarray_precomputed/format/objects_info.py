@@ -3,7 +3,6 @@ sharding, and how a volume's info names its skeletons or mesh directory."""
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Mapping
 from typing import Any
@@ -11,17 +10,6 @@ from typing import Any
 from ..errors import InfoError
 
 IDENTITY = (1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0)
-
-
-def load_json(doc: str | bytes | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(doc, (str, bytes, bytearray)):
-        try:
-            doc = json.loads(doc)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InfoError(f"not valid JSON: {e}") from None
-    if not isinstance(doc, Mapping):
-        raise InfoError(f"must be a JSON object, got {type(doc).__name__}")
-    return doc
 
 
 def parse_transform(doc: Mapping[str, Any], *, required: bool) -> tuple[float, ...]:

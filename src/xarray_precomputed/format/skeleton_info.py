@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InfoError
+from .documents import load_json, naming_source
 from .info import ShardingSpec
-from .objects_info import IDENTITY, load_json, optional_string, parse_transform
+from .objects_info import IDENTITY, optional_string, parse_transform
 
 SKELETON_TYPE = "neuroglancer_skeletons"
 ATTRIBUTE_TYPES = ("float32", "uint8", "int8", "uint16", "int16", "uint32", "int32")
@@ -48,13 +49,8 @@ def is_skeleton_info(doc: Mapping[str, Any]) -> bool:
 def parse_skeleton_info(doc: str | bytes | Mapping[str, Any], *, source: str | None = None
                         ) -> SkeletonInfo:
     """Parse a skeleton `info`; InfoError names the field (and `source`, the file)."""
-    try:
+    with naming_source(source):
         return _parse(load_json(doc))
-    except InfoError as e:
-        if source is not None:
-            e.args = (f"{source}: {e}",)
-            e.source = source
-        raise
 
 
 def _parse(doc: Mapping[str, Any]) -> SkeletonInfo:

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, InfoError
+from ..format.documents import load_json
 from ..format.info import ShardingSpec
-from ..format.objects_info import load_json, named_directory
+from ..format.objects_info import named_directory
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store
 from ..storage.encodings import SUFFIXES, decode
