@@ -23,11 +23,14 @@ class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
 
     `max_value_bytes` bounds one stored value (a range past it is refused before it is fetched);
-    `max_keys` bounds how many keys a minishard index may list."""
+    `max_keys` bounds how many keys a minishard index may list. `map_files`: `get_located` maps
+    local shard files into memory (`ShardReader.mapped`) and hands out views of the mapping, for
+    a reader of many small values that decodes them before the mapping is dropped."""
 
     def __init__(self, store: Store, path: str, spec: ShardingSpec, *, max_value_bytes: int,
-                 max_keys: int = 1 << 28):
+                 max_keys: int = 1 << 28, map_files: bool = False):
         self.store = store
+        self.map_files = map_files
         self.path = path.strip("/")
         self.spec = spec
         self.shards = ShardReader(store, self.path, spec, max_chunk_bytes=max_value_bytes,
@@ -108,6 +111,10 @@ class ShardedKeyValue(KeyValue):
             got_whole = reader.fetch_whole_shard(shard, minis, chunks=n)
             if got_whole is not None:
                 view, indices = got_whole
+        elif self.map_files:
+            view = reader.mapped(shard)
+            if view is not None:
+                indices = reader.minishard_indices(shard, np.unique(minis).tolist(), view=view)
         if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
             indices = reader.minishard_indices(shard, np.unique(minis).tolist())
         starts = np.zeros(n, np.int64)
