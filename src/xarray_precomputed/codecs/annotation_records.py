@@ -250,12 +250,14 @@ class RecordLayout:
         return cols
 
     def decode_multiple_many(self, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
-                             describe: Callable[[int], object] | None = None) -> AnnotationColumns:
+                             describe: Callable[[int], object] | None = None,
+                             into: AnnotationColumns | None = None, at: int = 0) -> AnnotationColumns:
         """Many values of the multiple-annotation encoding, value i at `buf[starts[i]:][:lengths[i]]`
         (`buf` flat uint8), as one table in their order: counts checked against every value's
         length at once, then the records of small values gathered in one pass, those of large
         ones (spatial cells) copied value by value straight into the columns. `describe(i)`
-        names value i in errors."""
+        names value i in errors. `into` (fixed-size types): columns to write the rows into,
+        from row `at` (a whole table read as one allocation); it is returned."""
         buf = np.asarray(buf, np.uint8).reshape(-1)
         starts = np.asarray(starts, np.int64).reshape(-1)
         lengths = np.asarray(lengths, np.int64).reshape(-1)
@@ -285,6 +287,11 @@ class RecordLayout:
                 f"annotation list claims {int(stated[i])} annotations of {rec} bytes (+8 for the "
                 f"id), which is not its {int(lengths[i])} bytes", chunk=name(i))
         total = int(counts.sum())
+        if into is not None:
+            if at + total > len(into):
+                raise ValueError(f"{total} rows from row {at} do not fit {len(into)}")
+            self._decode_into(buf, starts, counts, into, at)
+            return into
         if n and total * rec >= 2048 * n:  # large values: a copy each, no index per byte
             out = np.empty(total, self.record_dtype)
             ids = np.empty(total, np.uint64)
@@ -303,6 +310,25 @@ class RecordLayout:
             cols.geometry[g] = records[g].astype(np.float32)
         self._fill_properties(cols, records["_props"])
         return cols
+
+    def _decode_into(self, buf: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                     into: AnnotationColumns, at: int) -> None:
+        """Checked values' records and ids copied into `into`'s columns from row `at`: field by
+        field from each value, so each byte is copied once (numpy's copies release the GIL)."""
+        rec = self.record_bytes
+        assert rec is not None and self.record_dtype is not None
+        props = self.property_dtypes()
+        o = at
+        for a, c in zip(starts.tolist(), counts.tolist()):
+            if not c:
+                continue
+            recs = buf[a + 8:a + 8 + c * rec].view(self.record_dtype)
+            for g in self.geometry_names:
+                into.geometry[g][o:o + c] = recs[g]
+            for pid in props:
+                into.properties[pid][o:o + c] = recs["_props"][pid]
+            into.ids[o:o + c] = buf[a + 8 + c * rec:a + 8 + c * (rec + 8)].view(_U64)
+            o += c
 
     def multiple_counts(self, buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The annotation count (int64) at the head of each multiple-annotation value (checked

@@ -8,6 +8,7 @@ are counted in the context's `index_fetches`.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Iterable
 
@@ -232,8 +233,10 @@ class ShardReader:
                 raws = self._read_file_ranges(shard, [(a, b) for _, a, b in fetch])
                 if raws is None:
                     return None
+            # a mapped file's reader (annotations) parses a large batch on two threads
             out.update(self._parse_minishards(
-                [(m, a, b, buf) for (m, a, b), buf in zip(fetch, raws)], wheres))
+                [(m, a, b, buf) for (m, a, b), buf in zip(fetch, raws)], wheres,
+                split=view is not None))
         for m, mi in out.items():
             self.minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
         return out
@@ -248,11 +251,21 @@ class ShardReader:
                                    f"scale can have (at most {limit} bytes)", chunk=where)
         return start, end
 
-    def _parse_minishards(self, got: list, wheres: dict[int, str]) -> dict[int, MinishardIndex]:
+    def _parse_minishards(self, got: list, wheres: dict[int, str], *,
+                          split: bool = False) -> dict[int, MinishardIndex]:
         """`_parse_minishard` of each (minishard, start, end, bytes) of `got`; many at once in
         one numpy pass."""
         if len(got) < 4:
             return {m: self._parse_minishard(buf, a, b, wheres[m]) for m, a, b, buf in got}
+        if split and len(got) >= 64 and sum(b - a for _, a, b, _ in got) >= 1 << 20:
+            # many large ones (every minishard of a by_id shard): inflated and parsed in two
+            # halves at once (libdeflate and numpy release the GIL)
+            half = len(got) // 2
+            with ThreadPoolExecutor(1) as pool:
+                other = pool.submit(self._parse_minishards, got[half:], wheres, split=False)
+                out = self._parse_minishards(got[:half], wheres, split=False)
+                out.update(other.result())
+            return out
         bufs = []
         for m, a, b, buf in got:
             if len(buf) != b - a:
