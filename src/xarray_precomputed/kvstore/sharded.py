@@ -7,6 +7,7 @@ however many reads touch it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from ..format.info import ShardingSpec
 from ..format.sharding import chunk_location, decode_gzip, shard_filename
 from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import ABSENT, Located, located
+from ..util import cpu_pool_size
 from .base import KeyValue
 from .shard_files import ShardReader, positions_by_value
 
@@ -85,8 +87,20 @@ class ShardedKeyValue(KeyValue):
         sources: list = []
         if n:
             shards, minis = self.locate(keys)
-            for shard, pos in positions_by_value(shards):
-                got, got_rows = self._located_in_shard(shard, keys[pos], minis[pos], whole)
+            groups = list(positions_by_value(shards))
+
+            def one(group):
+                shard, pos = group
+                return self._located_in_shard(shard, keys[pos], minis[pos], whole)
+
+            if self.map_files and len(groups) > 1:
+                # mapped shards (an annotation read of many keys): each shard's indices parsed and
+                # values located on its own thread (inflation and numpy release the GIL)
+                with ThreadPoolExecutor(min(len(groups), max(2, cpu_pool_size()))) as pool:
+                    answers = list(pool.map(one, groups))
+            else:
+                answers = [one(g) for g in groups]
+            for (_, pos), (got, got_rows) in zip(groups, answers):
                 got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
                 rows[pos] = got_rows
                 sources += got
