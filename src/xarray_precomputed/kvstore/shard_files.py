@@ -398,7 +398,7 @@ class ShardReader:
         this scale could fill is refused here, before any fetch."""
         n = len(chunk_ids)
         if n > 64:
-            found, starts, ends = _lookup_many(indices, chunk_ids, minishards)
+            found, starts, ends = lookup_many(indices, chunk_ids, minishards)
         else:
             found = np.zeros(n, bool)
             starts = np.zeros(n, np.int64)
@@ -432,7 +432,7 @@ class ShardReader:
         return out
 
 
-def _lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
+def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`MinishardIndex.lookup` of every chunk in its own minishard: the chunks sorted by
     minishard once, then one search and three gathers per minishard over its stretch (no pass

@@ -18,7 +18,7 @@ from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import ABSENT, Located, located
 from ..util import cpu_pool_size
 from .base import KeyValue
-from .shard_files import ShardReader, positions_by_value
+from .shard_files import ShardReader, lookup_many, positions_by_value
 
 
 class ShardedKeyValue(KeyValue):
@@ -138,10 +138,13 @@ class ShardedKeyValue(KeyValue):
         rows[:, 0] = ABSENT
         if indices is None:
             return [], rows
-        for m in np.unique(minis).tolist():
-            at = np.flatnonzero(minis == m)
-            f, s, e = indices[m].lookup(keys[at])
-            found[at], starts[at], ends[at] = f, s, e
+        if n > 64:  # keys sorted by minishard once, not a pass over all keys per minishard
+            found, starts, ends = lookup_many(indices, keys, minis)
+        else:
+            for m in np.unique(minis).tolist():
+                at = np.flatnonzero(minis == m)
+                f, s, e = indices[m].lookup(keys[at])
+                found[at], starts[at], ends[at] = f, s, e
         big = found & (ends - starts > reader.max_chunk_bytes)
         if big.any():
             i = int(np.flatnonzero(big)[0])
