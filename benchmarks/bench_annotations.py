@@ -3,6 +3,7 @@
 
     python benchmarks/bench_annotations.py --n 1000000 --rounds 2
     python benchmarks/bench_annotations.py --n 10000000 --rounds 1 --peers none
+    python benchmarks/bench_annotations.py --reuse --root DIR --reads related,by_id   # no writing
 
 The set: n points uniform in 100 x 100 x 50 µm (nm coordinates), a float32 `score`, and
 relationships `pre` and `post` of one segment each (n / 10 segments). Each measurement runs in a
@@ -10,7 +11,8 @@ fresh process (imports before the clock); rounds alternate the programs. Writing
 and CPU seconds and the peak RSS above the process's peak once its input frame was built, next
 to the bytes of the records written. Reads run on the set ngsidekick wrote (as users have them;
 ours where ngsidekick is not run): the whole table, a relationship query for 1,000 segments, a
-box of 1 % of the volume, by_id for 10,000 ids. CloudVolume reads a copy whose info spells the
+box of 1 % of the volume, by_id for 10,000 ids; wall seconds, with the process's CPU seconds
+beside them (steadier on a shared machine). CloudVolume reads a copy whose info spells the
 type "POINT" (all it accepts) and its whole-table and box reads use one spatial level.
 """
 
@@ -115,10 +117,10 @@ for name in ["full", "related", "box", "by_id"]:
     if name not in only:
         continue
     fns = run()  # a fresh reader per query: no index cached by an earlier one
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     try:
         got = fns[name]()
-        out[name] = [time.perf_counter() - t, got]
+        out[name] = [time.perf_counter() - t, got, time.process_time() - c]
     except Exception as e:  # a peer that cannot answer
         out[name] = [None, f"{type(e).__name__}: {e}"[:120]]
 out["want"] = {"full": n, "related": want_rel, "box": want_box, "by_id": 10000}
@@ -155,12 +157,14 @@ def main() -> None:
                     help="comma-separated, or 'none'")
     ap.add_argument("--reads", default="full,related,box,by_id")
     ap.add_argument("--root", default=None)
+    ap.add_argument("--reuse", action="store_true",
+                    help="read the sets already written under --root (no writing)")
     a = ap.parse_args()
     peers = [] if a.peers == "none" else a.peers.split(",")
     root = a.root or tempfile.mkdtemp(prefix="bench-ann-")
     writers = ["ours"] + (["ngsidekick"] if "ngsidekick" in peers else [])
     writes: dict[str, list] = {w: [] for w in writers}
-    for r in range(a.rounds):
+    for r in range(0 if a.reuse else a.rounds):
         for w in (writers if r % 2 == 0 else writers[::-1]):
             out = os.path.join(root, w)
             shutil.rmtree(out, ignore_errors=True)
@@ -179,11 +183,13 @@ def main() -> None:
     print(f"\nn = {a.n:,}, {a.rounds} round(s), set written by {os.path.basename(target)}; "
           "best time in s (count returned)")
     for w, rs in writes.items():
+        if not rs:
+            continue
         best = min(rs, key=lambda d: d["wall"])
         print(f"write {w:12s} wall {best['wall']:.2f} cpu {best['cpu']:.2f} "
               f"rss+ {best['rss_above_input_mb']:.0f} MiB (input {best['input_mb']:.0f} MiB, "
               f"written {best['written_mb']:.0f} MiB)")
-    if len(writes) == 2:
+    if len(writes) == 2 and all(writes.values()):
         o = min(d["wall"] for d in writes["ours"])
         t = min(d["wall"] for d in writes["ngsidekick"])
         print(f"write ratio (ngsidekick / ours, wall): {t / o:.2f}x")
@@ -195,8 +201,10 @@ def main() -> None:
             row.append((x, min(times) if times else None, got))
         ours = row[0][1]
         want = reads["ours"][-1]["want"][q]
-        text = "  ".join(f"{x} {t:.3f} ({g}{'' if g == want else ' WRONG'})" if t is not None
-                         else f"{x} failed ({g})" for x, t, g in row)
+        cpu = {x: min((d[q][2] for d in reads[x] if d.get(q) and d[q][0] is not None), default=None)
+               for x in readers}
+        text = "  ".join(f"{x} {t:.3f} [cpu {cpu[x]:.3f}] ({g}{'' if g == want else ' WRONG'})"
+                         if t is not None else f"{x} failed ({g})" for x, t, g in row)
         # a peer that answers wrongly is not a peer in speed
         peer = [t for x, t, g in row[1:] if t is not None and g == want]
         ratio = f"  ratio {min(peer) / ours:.1f}x" if peer and ours else ""

@@ -255,7 +255,7 @@ def annotation_dataset(cols: AnnotationColumns, source: AnnotationSource, index:
                 {"sample_dimension": f"{name}_segment", "relationship": rid})
             data[name] = xr.Variable(f"{name}_segment", values.astype(np.uint64))
     coords = {
-        ANNOTATION: xr.Variable(ANNOTATION, cols.ids.astype(np.uint64)),
+        ANNOTATION: xr.Variable(ANNOTATION, cols.ids.astype(np.uint64, copy=False)),
         AXIS: xr.Variable(AXIS, np.array(info.dimension_names, dtype=str),
                           {"units": [d[2] for d in info.dimensions],
                            "scales": [d[1] for d in info.dimensions]}),

@@ -92,11 +92,11 @@ def _take_ragged(counts: np.ndarray, values: np.ndarray, rows: np.ndarray):
     starts = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=starts[1:])
     sel = counts[rows]
-    idx = _ranges(starts[rows], sel.astype(np.int64))
+    idx = range_index(starts[rows], sel.astype(np.int64))
     return sel, values[idx]
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
     total = int(lengths.sum())
     if total == 0:
@@ -241,7 +241,7 @@ class RecordLayout:
                           ids: np.ndarray) -> AnnotationColumns:
         point_bytes = 4 * self.rank
         nbytes = counts.astype(np.int64) * point_bytes
-        idx = _ranges(starts + 4, nbytes)
+        idx = range_index(starts + 4, nbytes)
         points = buf[idx].view("<f4").reshape(-1, self.rank).astype(np.float32)
         pstart = starts + 4 + nbytes
         props = _records(_gather(buf, pstart, self.property_bytes), self.property_dtype)
@@ -249,16 +249,115 @@ class RecordLayout:
         self._fill_properties(cols, props)
         return cols
 
+    def decode_multiple_many(self, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
+                             describe: Callable[[int], object] | None = None,
+                             into: AnnotationColumns | None = None, at: int = 0) -> AnnotationColumns:
+        """Many values of the multiple-annotation encoding, value i at `buf[starts[i]:][:lengths[i]]`
+        (`buf` flat uint8), as one table in their order: counts checked against every value's
+        length at once, then the records of small values gathered in one pass, those of large
+        ones (spatial cells) copied value by value straight into the columns. `describe(i)`
+        names value i in errors. `into` (fixed-size types): columns to write the rows into,
+        from row `at` (a whole table read as one allocation); it is returned."""
+        buf = np.asarray(buf, np.uint8).reshape(-1)
+        starts = np.asarray(starts, np.int64).reshape(-1)
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        n = len(starts)
+
+        def name(i: int) -> object:
+            return describe(i) if describe else f"value {i}"
+
+        short = np.flatnonzero(lengths < 8)
+        if len(short):
+            i = int(short[0])
+            raise CorruptChunkError(f"annotation list of {int(lengths[i])} bytes has no count",
+                                    chunk=name(i))
+        if self.polyline or n == 0:
+            parts = [self.decode_multiple(buf[a:a + b], where=name(i) if describe else None)
+                     for i, (a, b) in enumerate(zip(starts.tolist(), lengths.tolist()))]
+            return concat_columns(parts, self)
+        rec = self.record_bytes
+        assert rec is not None and self.record_dtype is not None
+        stated = _gather(buf, starts, 8).view(_U64).reshape(-1)
+        fits = stated <= (lengths // (rec + 8)).astype(np.uint64)
+        counts = np.where(fits, stated, 0).astype(np.int64)
+        wrong = np.flatnonzero(~fits | (8 + counts * (rec + 8) != lengths))
+        if len(wrong):
+            i = int(wrong[0])
+            raise CorruptChunkError(
+                f"annotation list claims {int(stated[i])} annotations of {rec} bytes (+8 for the "
+                f"id), which is not its {int(lengths[i])} bytes", chunk=name(i))
+        total = int(counts.sum())
+        if into is not None:
+            if at + total > len(into):
+                raise ValueError(f"{total} rows from row {at} do not fit {len(into)}")
+            self._decode_into(buf, starts, counts, into, at)
+            return into
+        if n and total * rec >= 2048 * n:  # large values: a copy each, no index per byte
+            out = np.empty(total, self.record_dtype)
+            ids = np.empty(total, np.uint64)
+            o = 0
+            for a, c in zip(starts.tolist(), counts.tolist()):
+                out[o:o + c] = buf[a + 8:a + 8 + c * rec].view(self.record_dtype)
+                ids[o:o + c] = buf[a + 8 + c * rec:a + 8 + c * (rec + 8)].view(_U64)
+                o += c
+            records = out
+        else:
+            records = _records(buf[range_index(starts + 8, counts * rec)].reshape(-1, rec),
+                               self.record_dtype)
+            ids = buf[range_index(starts + 8 + counts * rec, counts * 8)].view(_U64).astype(np.uint64)
+        cols = AnnotationColumns(ids)
+        for g in self.geometry_names:
+            cols.geometry[g] = records[g].astype(np.float32)
+        self._fill_properties(cols, records["_props"])
+        return cols
+
+    def _decode_into(self, buf: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                     into: AnnotationColumns, at: int) -> None:
+        """Checked values' records and ids copied into `into`'s columns from row `at`: field by
+        field from each value, so each byte is copied once (numpy's copies release the GIL)."""
+        rec = self.record_bytes
+        assert rec is not None and self.record_dtype is not None
+        props = self.property_dtypes()
+        o = at
+        for a, c in zip(starts.tolist(), counts.tolist()):
+            if not c:
+                continue
+            recs = buf[a + 8:a + 8 + c * rec].view(self.record_dtype)
+            for g in self.geometry_names:
+                into.geometry[g][o:o + c] = recs[g]
+            for pid in props:
+                into.properties[pid][o:o + c] = recs["_props"][pid]
+            into.ids[o:o + c] = buf[a + 8 + c * rec:a + 8 + c * (rec + 8)].view(_U64)
+            o += c
+
+    def multiple_counts(self, buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The annotation count (int64) at the head of each multiple-annotation value (checked
+        by `decode_multiple_many`)."""
+        return _gather(np.asarray(buf, np.uint8).reshape(-1), starts, 8).view(_U64).reshape(-1) \
+            .astype(np.int64)
+
     def decode_single_many(self, values: Sequence[bytes], ids: np.ndarray, *,
                            describe: Callable[[int], object] | None = None) -> AnnotationColumns:
         """Many values of the single-annotation encoding (by_id), one per id; relationships
         included. `describe(i)` names value i in errors."""
-        ids = np.asarray(ids, np.uint64).reshape(-1)
         n = len(values)
         lengths = np.fromiter((len(v) for v in values), np.int64, n)
         starts = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
-        buf = np.frombuffer(b"".join(values), np.uint8)
+        return self.decode_single_batch(np.frombuffer(b"".join(values), np.uint8), starts[:-1],
+                                        lengths, ids, describe=describe)
+
+    def decode_single_batch(self, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                            ids: np.ndarray, *, describe: Callable[[int], object] | None = None
+                            ) -> AnnotationColumns:
+        """`decode_single_many` of the values at `buf[starts[i]:][:lengths[i]]` (`buf` flat
+        uint8): records gathered in one pass, relationship lists assembled with numpy."""
+        ids = np.asarray(ids, np.uint64).reshape(-1)
+        buf = np.asarray(buf, np.uint8).reshape(-1)
+        begin = np.asarray(starts, np.int64).reshape(-1)
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        n = len(begin)
+        end = begin + lengths
 
         def bad(mask: np.ndarray, message: str) -> None:
             if mask.any():
@@ -266,8 +365,6 @@ class RecordLayout:
                 raise CorruptChunkError(message.format(n=int(lengths[i])),
                                         chunk=describe(i) if describe else f"id {int(ids[i])}")
 
-        begin = starts[:-1]
-        end = starts[1:]
         if self.polyline:
             bad(lengths < 4, "annotation record of {n} bytes has no point count")
             counts = _gather(buf, begin, 4).view(_U32).reshape(-1).astype(np.uint32)
@@ -292,7 +389,7 @@ class RecordLayout:
             counts = _gather(buf, pos, 4).view(_U32).reshape(-1).astype(np.int64)
             bad(pos + 4 + 8 * counts > end, f"annotation record of {{n}} bytes ends inside the "
                                             f"ids of relationship {rel!r}")
-            rel_ids = buf[_ranges(pos + 4, counts * 8)].view(_U64).astype(np.uint64)
+            rel_ids = buf[range_index(pos + 4, counts * 8)].view(_U64).astype(np.uint64)
             cols.relationships[rel] = (counts.astype(np.uint32), rel_ids)
             pos = pos + 4 + 8 * counts
         bad(pos != end, "annotation record of {n} bytes has bytes after its last relationship")
@@ -326,7 +423,7 @@ class RecordLayout:
         np.cumsum(sizes, out=offsets[1:])
         buf = np.zeros(int(offsets[-1]), np.uint8)
         _scatter(buf, offsets[:-1], counts.astype("<u4").view(np.uint8).reshape(n, 4))
-        buf[_ranges(offsets[:-1] + 4, counts * 4 * self.rank)] = points.view(np.uint8).reshape(-1)
+        buf[range_index(offsets[:-1] + 4, counts * 4 * self.rank)] = points.view(np.uint8).reshape(-1)
         _scatter(buf, offsets[:-1] + 4 + counts * 4 * self.rank,
                  props.view(np.uint8).reshape(n, self.property_bytes))
         return buf, offsets
@@ -352,11 +449,11 @@ class RecordLayout:
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(rec_len + extra, out=offsets[1:])
         out = np.zeros(int(offsets[-1]), np.uint8)
-        out[_ranges(offsets[:-1], rec_len)] = buf
+        out[range_index(offsets[:-1], rec_len)] = buf
         pos = offsets[:-1] + rec_len
         for counts, values in rels:
             _scatter(out, pos, counts.astype("<u4").view(np.uint8).reshape(n, 4))
-            out[_ranges(pos + 4, counts * 8)] = values.view(np.uint8).reshape(-1)
+            out[range_index(pos + 4, counts * 8)] = values.view(np.uint8).reshape(-1)
             pos = pos + 4 + 8 * counts
         return out, offsets
 
@@ -373,7 +470,7 @@ class RecordLayout:
             body = records.reshape(-1, rec)[rows].reshape(-1) if rec else np.zeros(0, np.uint8)
         else:
             off = np.asarray(layout, np.int64)
-            body = records[_ranges(off[rows], off[rows + 1] - off[rows])]
+            body = records[range_index(off[rows], off[rows + 1] - off[rows])]
         return b"".join((np.uint64(len(rows)).astype("<u8").tobytes(), body.tobytes(), ids.tobytes()))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -253,3 +254,76 @@ def _wrapped(deltas: np.ndarray) -> bool:
     if abs(total - 2.0 ** 64) > 2.0 ** 64 * 1e-9 * max(1, len(deltas)):
         return total > 2.0 ** 64
     return sum(int(x) for x in deltas.tolist()) > _U64_MASK
+
+
+def parse_minishard_indices(bufs: Sequence, shard_index_end: int, *,
+                            wheres: Sequence) -> list[MinishardIndex]:
+    """`parse_minishard_index` of many minishard indices of one shard at once: the same checks
+    and errors (naming `wheres[i]`), each a few numpy passes over all their entries instead of
+    a dozen small ones per index (a by_id read of 10^4 ids touches every minishard of a shard).
+    The indices returned are views of shared arrays."""
+    lengths = np.fromiter(map(len, bufs), np.int64, len(bufs))
+    odd = np.flatnonzero(lengths % 24)
+    if len(odd):
+        i = int(odd[0])
+        raise ShardFormatError(f"minishard index is {int(lengths[i])} bytes, not a multiple of 24",
+                               chunk=wheres[i])
+    counts = lengths // 24
+    first = np.zeros(len(bufs) + 1, np.int64)  # each index's first entry
+    np.cumsum(counts, out=first[1:])
+    total = int(first[-1])
+    if total == 0:
+        return [MinishardIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+                for _ in bufs]
+    rows = [np.frombuffer(b, dtype="<u8").reshape(3, -1) for b, c in zip(bufs, counts.tolist()) if c]
+    ids_delta = np.concatenate([r[0] for r in rows])
+    start_delta = np.concatenate([r[1] for r in rows])
+    sizes = np.concatenate([r[2] for r in rows])
+    full = np.flatnonzero(counts)
+    at = first[:-1][full]  # where each non-empty index starts
+
+    def fail(mask: np.ndarray, message: str, entries: np.ndarray | None = None) -> None:
+        if mask.any():
+            e = int(np.argmax(mask)) if entries is None else int(entries[int(np.argmax(mask))])
+            raise ShardFormatError(message, chunk=wheres[int(full[np.searchsorted(at, e, "right") - 1])])
+
+    fail((sizes | start_delta) >= 1 << 62, "minishard index holds an impossible offset or size")
+    repeated = np.flatnonzero(ids_delta == 0)  # allowed only as an index's first id
+    if len(repeated):
+        later = np.ones(total, bool)
+        later[at] = False
+        fail(later[repeated], "minishard index chunk ids are not strictly increasing", repeated)
+    steps = start_delta + sizes  # each below 2**63
+    longest = int(counts.max())
+    # Per index, the float sum of its id deltas decides wrapping past 2**64 unless it lies
+    # within rounding of it (then Python ints do, as parse_minishard_index); where the largest
+    # delta times the longest index cannot reach it, no sum is needed.
+    if int(ids_delta.max()) * longest >= 1 << 64:
+        id_sums = np.add.reduceat(ids_delta.astype(np.float64), at)
+        close = np.abs(id_sums - 2.0 ** 64) <= 2.0 ** 64 * 1e-9 * np.maximum(1, counts[full])
+        wraps = np.where(close, False, id_sums > 2.0 ** 64)
+        for j in np.flatnonzero(close).tolist():
+            wraps[j] = _wrapped(ids_delta[int(at[j]):int(at[j] + counts[full[j]])])
+        if wraps.any():
+            raise ShardFormatError("minishard index chunk ids are not strictly increasing",
+                                   chunk=wheres[int(full[int(np.argmax(wraps))])])
+    if int(steps.max()) * longest + shard_index_end >= 1 << 61:
+        past = np.add.reduceat(steps.astype(np.float64), at) + shard_index_end >= 2.0 ** 61
+        if past.any():
+            raise ShardFormatError("minishard index data lies past the end of any shard file",
+                                   chunk=wheres[int(full[int(np.argmax(past))])])
+    # Prefix sums per index from one running sum: modulo 2**64 the difference is exact, and the
+    # checks above keep each index's own sums below 2**64 (ids) and 2**61 (offsets).
+    run_ids = np.cumsum(ids_delta, dtype=np.uint64)
+    run_steps = np.cumsum(steps, dtype=np.uint64, out=steps)
+    before = np.maximum(at - 1, 0)
+    zero = at == 0
+    ids_base = np.where(zero, np.uint64(0), run_ids[before])
+    steps_base = np.where(zero, np.uint64(0), run_steps[before])
+    run_ids -= np.repeat(ids_base, counts[full])
+    run_steps -= np.repeat(steps_base, counts[full])
+    ends = run_steps.view(np.int64)
+    ends += shard_index_end
+    starts = ends - sizes.view(np.int64)
+    return [MinishardIndex(run_ids[a:b], starts[a:b], ends[a:b])
+            for a, b in zip(first[:-1].tolist(), first[1:].tolist())]

@@ -7,6 +7,7 @@ however many reads touch it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -15,19 +16,23 @@ from ..format.info import ShardingSpec
 from ..format.sharding import chunk_location, decode_gzip, shard_filename
 from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import ABSENT, Located, located
+from ..util import cpu_pool_size
 from .base import KeyValue
-from .shard_files import ShardReader, positions_by_value
+from .shard_files import ShardReader, lookup_many, positions_by_value
 
 
 class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
 
     `max_value_bytes` bounds one stored value (a range past it is refused before it is fetched);
-    `max_keys` bounds how many keys a minishard index may list."""
+    `max_keys` bounds how many keys a minishard index may list. `map_files`: `get_located` maps
+    local shard files into memory (`ShardReader.mapped`) and hands out views of the mapping, for
+    a reader of many small values that decodes them before the mapping is dropped."""
 
     def __init__(self, store: Store, path: str, spec: ShardingSpec, *, max_value_bytes: int,
-                 max_keys: int = 1 << 28):
+                 max_keys: int = 1 << 28, map_files: bool = False):
         self.store = store
+        self.map_files = map_files
         self.path = path.strip("/")
         self.spec = spec
         self.shards = ShardReader(store, self.path, spec, max_chunk_bytes=max_value_bytes,
@@ -82,8 +87,20 @@ class ShardedKeyValue(KeyValue):
         sources: list = []
         if n:
             shards, minis = self.locate(keys)
-            for shard, pos in positions_by_value(shards):
-                got, got_rows = self._located_in_shard(shard, keys[pos], minis[pos], whole)
+            groups = list(positions_by_value(shards))
+
+            def one(group):
+                shard, pos = group
+                return self._located_in_shard(shard, keys[pos], minis[pos], whole)
+
+            if self.map_files and len(groups) > 1:
+                # mapped shards (an annotation read of many keys): each shard's indices parsed and
+                # values located on its own thread (inflation and numpy release the GIL)
+                with ThreadPoolExecutor(min(len(groups), max(2, cpu_pool_size()))) as pool:
+                    answers = list(pool.map(one, groups))
+            else:
+                answers = [one(g) for g in groups]
+            for (_, pos), (got, got_rows) in zip(groups, answers):
                 got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
                 rows[pos] = got_rows
                 sources += got
@@ -108,6 +125,10 @@ class ShardedKeyValue(KeyValue):
             got_whole = reader.fetch_whole_shard(shard, minis, chunks=n)
             if got_whole is not None:
                 view, indices = got_whole
+        elif self.map_files:
+            view = reader.mapped(shard)
+            if view is not None:
+                indices = reader.minishard_indices(shard, np.unique(minis).tolist(), view=view)
         if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
             indices = reader.minishard_indices(shard, np.unique(minis).tolist())
         starts = np.zeros(n, np.int64)
@@ -117,10 +138,13 @@ class ShardedKeyValue(KeyValue):
         rows[:, 0] = ABSENT
         if indices is None:
             return [], rows
-        for m in np.unique(minis).tolist():
-            at = np.flatnonzero(minis == m)
-            f, s, e = indices[m].lookup(keys[at])
-            found[at], starts[at], ends[at] = f, s, e
+        if n > 64:  # keys sorted by minishard once, not a pass over all keys per minishard
+            found, starts, ends = lookup_many(indices, keys, minis)
+        else:
+            for m in np.unique(minis).tolist():
+                at = np.flatnonzero(minis == m)
+                f, s, e = indices[m].lookup(keys[at])
+                found[at], starts[at], ends[at] = f, s, e
         big = found & (ends - starts > reader.max_chunk_bytes)
         if big.any():
             i = int(np.flatnonzero(big)[0])

@@ -26,11 +26,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..codecs.annotation_records import AnnotationColumns, RecordLayout, concat_columns
+from .._native import load
+from ..codecs.annotation_records import AnnotationColumns, RecordLayout, concat_columns, range_index
 from ..errors import ArgumentError, CorruptChunkError, MissingChunkError, StorageError
 from ..format.annotation_info import AnnotationInfo, IndexSpec, SpatialLevel, parse_annotation_info
+from ..format.sharding import MAX_DEFLATE_RATIO, decode_gzip
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
+from ..storage.base import ABSENT, TOO_LARGE
 from ..util import cpu_pool_size
 
 # One stored value (a spatial cell, a relationship list, a record) above this is refused before
@@ -40,6 +43,12 @@ MAX_VALUE_BYTES = 1 << 30
 # An unsharded level of at most this many cells is read by naming every cell (no listing, which
 # not every store offers); a larger one by listing its folder.
 ENUMERATE_CELLS = 1 << 14
+
+# Many gzip values (by_id records, relationship lists) are inflated in one call of the batched
+# chunk extension, each as a raw "chunk" of its stated size: ~0.6 us a value where a call of
+# decode_gzip costs ~3 us. Without it (or for a value it refuses), decode_gzip, one by one.
+_batch = load("xarray_precomputed.reading._chunk_batch")
+BATCH_INFLATE_BYTES = 2048  # the most inflated bytes a value may average for the batch call
 
 
 class AnnotationSource:
@@ -77,7 +86,7 @@ class AnnotationSource:
         if kv is None:
             if spec.sharding is not None:
                 kv = ShardedKeyValue(self.store, spec.path, spec.sharding,
-                                     max_value_bytes=MAX_VALUE_BYTES)
+                                     max_value_bytes=MAX_VALUE_BYTES, map_files=True)
             else:
                 kv = UnshardedKeyValue(self.store, spec.path, max_value_bytes=MAX_VALUE_BYTES)
             self._kv["i:" + spec.path] = kv
@@ -89,7 +98,7 @@ class AnnotationSource:
         if kv is None:
             if level.sharding is not None:
                 kv = ShardedKeyValue(self.store, level.path, level.sharding,
-                                     max_value_bytes=MAX_VALUE_BYTES)
+                                     max_value_bytes=MAX_VALUE_BYTES, map_files=True)
             else:
                 kv = UnshardedKeyValue(
                     self.store, level.path, max_value_bytes=MAX_VALUE_BYTES,
@@ -142,18 +151,16 @@ class AnnotationSource:
         ids = np.asarray(ids, np.uint64).reshape(-1)
         unique, inverse = np.unique(ids, return_inverse=True)
         kv = self.index(self.info.by_id)
-        values = kv.get_many(unique)
-        present = np.array([v is not None for v in values], bool)
+        present, buf, starts, lengths = self._values(kv, unique)
         if missing == "raise" and not present.all():
             k = int(unique[~present][0])
             raise MissingChunkError(f"annotation id {k} is not in the by_id index "
                                     f"({int((~present).sum())} of {len(unique)} ids absent)",
                                     chunk=kv.describe(k))
         found = unique[present]
-        got = [v for v in values if v is not None]
         where = np.flatnonzero(present)
-        cols = self.layout.decode_single_many(got, found,
-                                              describe=lambda i: kv.describe(int(found[i])))
+        cols = self.layout.decode_single_batch(buf, starts, lengths, found,
+                                               describe=lambda i: kv.describe(int(found[i])))
         # rows: positions in `found` of each asked id that is present, in the order asked
         pos_in_found = np.full(len(unique), -1, np.int64)
         pos_in_found[where] = np.arange(len(where))
@@ -205,21 +212,15 @@ class AnnotationSource:
         relationship lists: the relationship index stores the multiple-annotation encoding)."""
         spec = self.info.relationship(relationship)
         segs = np.unique(np.asarray(segment_ids, np.uint64).reshape(-1))
-        kv = self.index(spec)
-        parts = self._decode_lists(kv, segs, kv.get_many(segs))
-        return _sorted_unique(concat_columns(parts, self.layout))
+        return _sorted_unique(self._lists(self.index(spec), segs)[0])
 
     def related_pairs(self, relationship: str, partition: object) -> tuple[np.ndarray, np.ndarray]:
         """(segment ids, annotation ids), one pair per listing, of one partition (shard) of a
         relationship index: its segments from the minishard indexes, then their values."""
         kv = self.index(self.info.relationship(relationship))
         segs = kv.keys_in(partition)
-        values = kv.get_many(segs)
-        present = np.array([v is not None for v in values], bool)
-        lists = self._decode_lists(kv, segs, values)
-        counts = np.array([len(c) for c in lists], np.int64)
-        ids = np.concatenate([c.ids for c in lists]) if lists else np.zeros(0, np.uint64)
-        return np.repeat(segs[present], counts), ids
+        cols, present, counts = self._lists(kv, segs)
+        return np.repeat(segs[present], counts), cols.ids
 
     def related_lists(self, relationship: str, segment_ids) -> list[AnnotationColumns]:
         """Per segment id, the annotations its relationship index value lists (in stored order)."""
@@ -259,22 +260,43 @@ class AnnotationSource:
         return self.read_keys(level, level.cell_keys(cells))
 
     def read_keys(self, level: SpatialLevel, keys: np.ndarray) -> AnnotationColumns:
-        kv = self.level_store(level)
-        keys = np.asarray(keys, np.uint64)
-        return concat_columns(self._decode_lists(kv, keys, kv.get_many(keys)), self.layout)
+        return self._lists(self.level_store(level), np.asarray(keys, np.uint64))[0]
 
-    def _decode_lists(self, kv: KeyValue, keys: np.ndarray, values) -> list[AnnotationColumns]:
-        """The multiple-annotation values of `keys` decoded (absent ones left out); an error names
-        the value's file (described only then: it costs a hash per key)."""
-        out = []
-        for k, v in zip(keys.tolist(), values):
-            if v is None:
-                continue
-            try:
-                out.append(self.layout.decode_multiple(v))
-            except CorruptChunkError as e:
-                raise CorruptChunkError(str(e), chunk=kv.describe(int(k))) from None
-        return out
+    def _lists(self, kv: KeyValue, keys: np.ndarray) -> tuple[AnnotationColumns, np.ndarray, np.ndarray]:
+        """The multiple-annotation values of `keys` decoded as one table (absent ones left out),
+        whether each key is present, and how many annotations each present one lists; an error
+        names the value's file (described only then: it costs a hash per key)."""
+        present, buf, starts, lengths = self._values(kv, keys)
+        found = keys[present]
+        cols = self.layout.decode_multiple_many(buf, starts, lengths,
+                                                describe=lambda i: kv.describe(int(found[i])))
+        return cols, present, self.layout.multiple_counts(buf, starts)
+
+    def _values(self, kv: KeyValue, keys: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The stored values of `keys`, inflated, in one flat buffer: (whether each key is
+        present, uint8 buffer, start and length of each present key's value in it, in key
+        order). Values are located in their shard files in one pass per shard (`get_located`;
+        local shards mapped, so only the pages holding them are touched) and gzip ones inflated
+        in one call."""
+        keys = np.asarray(keys, np.uint64).reshape(-1)
+        got = kv.get_located(keys, inflate=False)
+        rows = got.rows
+        big = np.flatnonzero(rows[:, 0] == TOO_LARGE)
+        if len(big):
+            i = int(big[0])
+            raise CorruptChunkError(f"value of {int(rows[i, 3])} bytes is larger than any this "
+                                    f"set can store ({MAX_VALUE_BYTES} bytes)",
+                                    chunk=kv.describe(int(keys[i])))
+        present = rows[:, 0] != ABSENT
+        rows = rows[present]
+        found = keys[present]
+        if got.gzip:
+            buf, starts, lengths = _inflate(got.sources, rows,
+                                            lambda i: kv.describe(int(found[i])))
+        else:
+            buf, starts, lengths = _compact(got.sources, rows)
+        return present, buf, starts, lengths
 
     def level_partitions(self, level: SpatialLevel) -> list[object]:
         """The independent parts of a level: its shards, or (unsharded) one part."""
@@ -298,8 +320,32 @@ class AnnotationSource:
         """Everything stored at these levels, in storage order (level, shard, cell), one row per
         cell an annotation is stored in; the shards of all levels read in parallel."""
         tasks = [(level, p) for level in levels for p in self.level_partitions(level)]
-        parts = self._map(lambda t: self.read_keys(t[0], self.level_keys(t[0], t[1])), tasks)
-        return concat_columns(parts, self.layout)
+        rec = self.layout.record_bytes
+        if rec is None:  # polylines: records vary in size
+            parts = self._map(lambda t: self.read_keys(t[0], self.level_keys(t[0], t[1])), tasks)
+            return concat_columns(parts, self.layout)
+
+        def locate(task):
+            kv = self.level_store(task[0])
+            keys = self.level_keys(task[0], task[1])
+            present, buf, starts, lengths = self._values(kv, keys)
+            return kv, keys[present], buf, starts, lengths
+
+        # Every value located first: fixed-size records give each its row count from its length
+        # (the decoder checks the stored count), so the table is allocated once and each part
+        # decoded straight into its rows, in parallel.
+        located = self._map(locate, tasks)
+        rows = [int(np.maximum(lengths - 8, 0).sum()) // (rec + 8) for *_, lengths in located]
+        first = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        out = self.layout.empty(int(first[-1]))
+
+        def decode(j: int) -> None:
+            kv, found, buf, starts, lengths = located[j]
+            self.layout.decode_multiple_many(buf, starts, lengths, into=out, at=int(first[j]),
+                                             describe=lambda i: kv.describe(int(found[i])))
+
+        self._map(decode, range(len(located)))
+        return out
 
     def read_all(self) -> AnnotationColumns:
         """Every annotation of the set: the union of the spatial levels, each id once. Points
@@ -333,6 +379,84 @@ class AnnotationSource:
             return [fn(x) for x in items]
         with ThreadPoolExecutor(min(len(items), max(2, cpu_pool_size()))) as pool:
             return list(pool.map(fn, items))
+
+
+def _flat(source) -> np.ndarray:
+    return np.frombuffer(source, np.uint8) if len(source) else np.zeros(0, np.uint8)
+
+
+def _compact(sources: list, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buffer, starts, lengths) of located values (`rows`: source, offset, length): their one
+    source as it is, or the values of several copied into one buffer (small ones gathered per
+    source in one pass, large ones copied one by one)."""
+    n = len(rows)
+    lengths = rows[:, 2].copy()
+    if len(sources) <= 1:
+        buf = _flat(sources[0]) if sources else np.zeros(0, np.uint8)
+        return buf, rows[:, 1].copy(), lengths
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    out = np.empty(int(starts[-1]), np.uint8)
+    if int(starts[-1]) >= 2048 * n:
+        for i, (s, off, length) in enumerate(rows[:, :3].tolist()):
+            out[starts[i]:starts[i] + length] = _flat(sources[s])[off:off + length]
+        return out, starts[:-1], lengths
+    for s in np.unique(rows[:, 0]).tolist():
+        sel = np.flatnonzero(rows[:, 0] == s)
+        got = _flat(sources[s])[range_index(rows[sel, 1], lengths[sel])]
+        out[range_index(starts[sel], lengths[sel])] = got
+    return out, starts[:-1], lengths
+
+
+def _inflate(sources: list, rows: np.ndarray, describe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buffer, starts, lengths) of located gzip values, inflated: all in one call of the batch
+    extension, each into its place as its trailer states its size; where the extension is
+    absent, a trailer is implausible (decode_gzip's bounds) or a value fails there,
+    `decode_gzip` value by value, which decides and names the damaged one."""
+    n = len(rows)
+    lengths = rows[:, 2]
+    if n and _batch is not None and getattr(_batch, "HAVE_ZLIB", False) and lengths.min() >= 18:
+        heads = np.zeros((n, 4), np.uint8)
+        tails = np.zeros((n, 4), np.uint8)
+        for s in np.unique(rows[:, 0]).tolist():
+            sel = np.flatnonzero(rows[:, 0] == s)
+            flat = _flat(sources[s])
+            heads[sel] = flat[rows[sel, 1][:, None] + np.arange(4)]
+            tails[sel] = flat[(rows[sel, 1] + lengths[sel] - 4)[:, None] + np.arange(4)]
+        stated = tails.view("<u4").reshape(-1).astype(np.int64)
+        # gzip members without a header CRC (decode_gzip hands those to zlib on their own)
+        plain = (heads[:, 0] == 0x1F) & (heads[:, 1] == 0x8B) & (heads[:, 3] & 0x02 == 0)
+        # small values only: per byte zlib (the extension's) is ~2x slower than libdeflate
+        # (decode_gzip's), which costs ~3 us a call: the batch pays below ~2 KiB a value
+        if plain.all() and (stated <= MAX_VALUE_BYTES).all() and \
+                (stated <= MAX_DEFLATE_RATIO * lengths).all() and stated.min() > 0 and \
+                stated.sum() <= BATCH_INFLATE_BYTES * n:
+            starts = np.zeros(n + 1, np.int64)
+            np.cumsum(stated, out=starts[1:])
+            out = np.empty((int(starts[-1]), 1, 1, 1), np.uint8)
+            geom = np.zeros((n, _batch.GEOM_COLUMNS), np.int64)
+            geom[:, _batch.GEOM_DEST] = starts[:-1]
+            for at in (_batch.GEOM_EXTENT, _batch.GEOM_SHAPE):
+                geom[:, at] = stated
+                geom[:, at + 1:at + 3] = 1
+            try:
+                _batch.decode_chunks(out, _batch.KIND_RAW, "uint8", (1, 1, 1), 1, sources,
+                                     np.ascontiguousarray(rows[:, :3]), geom, True,
+                                     MAX_VALUE_BYTES, False, bytearray(1 << 16))
+                return out.reshape(-1), starts[:-1], stated
+            except _batch.ChunkDataError:
+                pass  # decode_gzip below decides, naming the value
+    values = []
+    for i, (s, off, length) in enumerate(rows[:, :3].tolist()):
+        try:
+            values.append(decode_gzip(memoryview(sources[s])[off:off + length], MAX_VALUE_BYTES,
+                                      where="", what="annotation data"))
+        except CorruptChunkError as e:  # named only now: describing costs a hash per key
+            raise CorruptChunkError(str(e), chunk=describe(i)) from None
+    lens = np.fromiter(map(len, values), np.int64, n)
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=starts[1:])
+    return np.frombuffer(b"".join(values), np.uint8), starts[:-1], lens
 
 
 def _cell_name(level: SpatialLevel, key: int) -> str:

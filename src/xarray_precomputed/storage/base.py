@@ -167,6 +167,14 @@ class Store(ABC):
         """The names looked for when `key` reads as absent (for messages)."""
         return [key]
 
+    def map(self, key: str) -> memoryview | None:
+        """The stored bytes of `key` mapped into memory, read-only, where the store can (a local
+        plain file): a reader of many small values spread over a large object then touches the
+        pages that hold them instead of copying the object. None where it cannot or the object
+        is absent: read it. Objects are replaced whole (renamed over), never rewritten in place,
+        so a mapping keeps the bytes it was made from."""
+        return None
+
     # -- what is there
     @abstractmethod
     def size(self, key: str) -> int | None:

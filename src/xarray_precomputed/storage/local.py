@@ -4,6 +4,7 @@ written through a temporary file renamed into place."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 import threading
@@ -295,6 +296,26 @@ class LocalStore(Store):
         self.count("read")
         n = self._read_file(key, buffer)
         return None if n < 0 else n
+
+    def map(self, key: str) -> memoryview | None:
+        # plain files only (a compressed one is decoded whole); an empty file cannot be mapped
+        if self._forms.get(key.rpartition("/")[0]) not in ("", None):
+            return None
+        got = self._open(key)
+        if got is None:
+            return None
+        fd, size = got
+        try:
+            if size == 0:
+                return None
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system that cannot map: the caller reads it
+            return None
+        finally:
+            os.close(fd)
+        self.found_plain(key.rpartition("/")[0])
+        self.count("read")
+        return memoryview(mapping)
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         found = self._locate(key)
