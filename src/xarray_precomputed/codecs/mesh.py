@@ -121,13 +121,25 @@ def decode_draco_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray
         faces = np.asarray(mesh.faces)
     except Exception as e:  # DracoPy raises its own error types, and ValueError/RuntimeError
         raise CorruptChunkError(f"Draco fragment cannot be decoded: {e}", chunk=where) from None
-    # damage can leave a stream that decodes, to a point cloud or to arrays of another shape
+    return check_draco_arrays(points, faces, where=where)
+
+
+def check_draco_arrays(points: np.ndarray, faces: np.ndarray, *, where: object
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """`points` (n, 3) and `faces` (m, 3) uint32 of a decoded fragment, checked: damage can leave
+    a stream that decodes, to a point cloud, to arrays of another shape, or to triangles naming
+    vertices past the end."""
     if points.size % 3 or faces.size % 3 or faces.dtype.kind not in "iu" or points.dtype.kind not in "iuf":
         raise CorruptChunkError(f"Draco fragment decodes to {points.size} position values and "
                                 f"{faces.size} {faces.dtype} face values, not xyz triangles",
                                 chunk=where)
     points = points.reshape(-1, 3)
     faces = faces.reshape(-1, 3)
-    if len(faces) and (int(faces.max()) >= len(points) or int(faces.min()) < 0):
-        raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}", chunk=where)
+    if faces.size:
+        # one pass: unsigned faces cannot be negative, and a signed one read as unsigned is huge
+        top = int(faces.max()) if faces.dtype.kind == "u" else int(faces.view(f"u{faces.itemsize}").max())
+        if top >= len(points):
+            raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}",
+                                    chunk=where)
     return points, faces.astype(np.uint32, copy=False)
+

@@ -243,10 +243,16 @@ class MultilodMeshReader(MeshReader):
 
     def _decode(self, k: int, m: MultilodManifest, lod: int, data) -> Mesh:
         where = Where(self.kv, k)
+        sizes = m.fragment_sizes[lod].tolist()
+        if len(sizes) == 1 and sizes[0]:
+            # the common case (igneous' default levels: one fragment per mesh), without the
+            # per-node concatenations
+            p, all_faces = decode_draco_fragment(data, where=_FragmentWhere(where, lod, 0))
+            return Mesh(k, self._place(k, m, lod, p, m.fragment_positions[lod], where), all_faces)
         view = memoryview(data)
         points, faces, nodes = [], [], []
         off = 0
-        for frag, size in enumerate(m.fragment_sizes[lod].tolist()):
+        for frag, size in enumerate(sizes):
             chunk = view[off:off + size]
             off += size
             if size == 0:
@@ -257,8 +263,7 @@ class MultilodMeshReader(MeshReader):
             nodes.append(frag)
         if not points:
             return merge(k, [])
-        quant = self.quant
-        positions = m.fragment_positions[lod][nodes].astype(np.float64)
+        positions = m.fragment_positions[lod][nodes]
         if len(points) == 1:
             allp, node_pos, all_faces = points[0], positions, faces[0]
         else:
@@ -268,10 +273,20 @@ class MultilodMeshReader(MeshReader):
             node_pos = np.repeat(positions, counts, axis=0)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint32)
             all_faces = np.concatenate([f + o for f, o in zip(faces, starts)])
-        if len(allp) and (allp.min() < 0 or allp.max() > quant):
-            raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
-                                    chunk=where)
+        return Mesh(k, self._place(k, m, lod, allp, node_pos, where), all_faces)
+
+    def _place(self, k: int, m: MultilodManifest, lod: int, allp: np.ndarray, node_pos: np.ndarray,
+               where: object) -> np.ndarray:
+        """Vertices in nm from their positions in their octree nodes (`node_pos`: one row, or one
+        per vertex)."""
+        quant = self.quant
+        if len(allp):
+            lo, hi = (int(allp.min()), int(allp.max())) if allp.dtype.kind in "iu" else \
+                (float(allp.min()), float(allp.max()))
+            if lo < 0 or hi > quant:
+                raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
+                                        chunk=where)
         scale = m.chunk_shape.astype(np.float64) * (2.0 ** lod)
         base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
-        stored = base + scale * (node_pos + allp / quant)
-        return Mesh(k, self.transform(stored), all_faces)
+        stored = base + scale * (node_pos.astype(np.float64) + allp / quant)
+        return self.transform(stored)
