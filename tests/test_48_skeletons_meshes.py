@@ -22,6 +22,7 @@ from cloudvolume import CloudVolume
 from httpserver import serve
 
 import xarray_precomputed as xp
+from xarray_precomputed.codecs import mesh as mesh_codec
 from xarray_precomputed.errors import (
     CodecUnavailableError,
     CorruptChunkError,
@@ -420,10 +421,56 @@ def test_damaged_meshes_name_the_file(copied):
 
 def test_draco_missing_says_how_to_install(sets, monkeypatch):
     monkeypatch.setitem(sys.modules, "DracoPy", None)
+    # our own decoder reads what igneous writes: no DracoPy needed
+    assert mesh_codec.native_draco() is not None, "the C Draco decoder is not built"
+    assert xp.Meshes.open(str(sets / "mesh_multires")).get(77).sizes["face"] > 0
+    # without it (not built), the error says how to install DracoPy
+    monkeypatch.setattr(mesh_codec, "native_draco", lambda: None)
     with pytest.raises(CodecUnavailableError, match="pip install"):
         xp.Meshes.open(str(sets / "mesh_multires")).get(77)
     # legacy meshes need no Draco
     assert xp.Meshes.open(str(sets / "mesh_legacy")).get(77).sizes["face"] > 0
+
+
+def _every_fragment(path: Path):
+    """(segment id, level, fragment number, bytes) of every Draco fragment of a multi-resolution
+    set, sharded or not, through the reader's manifests."""
+    reader = xp.Meshes.open(str(path)).reader
+    ids = reader.ids()
+    sharded = reader.info.sharding is not None
+    for lod in range(3):
+        have = [k for k in ids.tolist()
+                if lod < (reader._sharded_pieces if sharded else reader._unsharded_pieces)(
+                    np.array([k], np.uint64), 0)[0][0].num_lods]
+        pieces = (reader._sharded_pieces if sharded else reader._unsharded_pieces)(
+            np.array(have, np.uint64), lod)
+        for k, (m, data) in zip(have, pieces):
+            off = 0
+            for frag, size in enumerate(m.fragment_sizes[lod].tolist()):
+                if size:
+                    yield k, lod, frag, bytes(data[off:off + size])
+                off += size
+
+
+@pytest.mark.parametrize("kind", ["mesh_multires", "mesh_multires_sharded"])
+def test_own_draco_decoder_equals_dracopy_on_every_igneous_fragment(sets, kind):
+    """Exactly DracoPy's points (values, dtype and order) and faces (same order), fragment by
+    fragment: the C decoder handles the whole of what igneous writes, none handed to DracoPy."""
+    import DracoPy
+
+    native = mesh_codec.native_draco()
+    assert native is not None, "the C Draco decoder is not built"
+    n = 0
+    for k, lod, frag, blob in _every_fragment(sets / kind):
+        got = native.decode(blob)
+        assert got is not None, f"segment {k} level {lod} fragment {frag} left to DracoPy"
+        want = DracoPy.decode(blob)
+        points, faces = np.asarray(want.points), np.asarray(want.faces).reshape(-1, 3)
+        assert got[0].dtype == points.dtype and got[0].shape == points.shape
+        np.testing.assert_array_equal(got[0], points)
+        np.testing.assert_array_equal(got[1], faces)
+        n += 1
+    assert n > 50
 
 
 @pytest.mark.parametrize("field, value", [

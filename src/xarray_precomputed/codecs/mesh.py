@@ -1,6 +1,8 @@
 """Mesh bytes, both directions where the package writes them: legacy fragments (uint32 vertex
 count, float32 xyz vertices, uint32 triangles), the `neuroglancer_multilod_draco` manifest, and
-Draco fragments (decoded with DracoPy, an optional extra)."""
+Draco fragments: decoded by our own C decoder (`_draco.c`) where the stream is in the subset the
+Neuroglancer mesh writers produce, by DracoPy (an optional extra) otherwise, or where the C
+extension is not built."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._native import load
 from ..errors import CodecUnavailableError, CorruptChunkError
 
 DRACO_HINT = "pip install 'xarray-precomputed[draco]' (or: pip install DracoPy)"
@@ -112,16 +115,43 @@ def draco_available() -> bool:
     return True
 
 
+def native_draco():
+    """Our C Draco decoder, or None (not built, or the fallbacks forced)."""
+    return load("xarray_precomputed.codecs._draco")
+
+
 def decode_draco_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray]:
-    """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment."""
-    draco = _dracopy()
+    """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment (positions
+    float32 where the stream holds quantized floats)."""
+    native = native_draco()
+    damage = None
+    if native is not None:
+        try:
+            got = native.decode(buf)
+        except ValueError as e:
+            damage = str(e)
+        else:
+            if got is not None:
+                return got  # its faces are checked against its points already
+    # outside our decoder's subset, or refused by it: DracoPy, the reference, decides
+    draco = _dracopy() if damage is None else _dracopy_or_none()
+    if draco is None:
+        raise CorruptChunkError(str(damage), chunk=where)
     try:
         mesh = draco.decode(bytes(buf))
         points = np.asarray(mesh.points)
         faces = np.asarray(mesh.faces)
     except Exception as e:  # DracoPy raises its own error types, and ValueError/RuntimeError
-        raise CorruptChunkError(f"Draco fragment cannot be decoded: {e}", chunk=where) from None
+        raise CorruptChunkError(damage or f"Draco fragment cannot be decoded: {e}",
+                                chunk=where) from None
     return check_draco_arrays(points, faces, where=where)
+
+
+def _dracopy_or_none():
+    try:
+        return _dracopy()
+    except CodecUnavailableError:
+        return None
 
 
 def check_draco_arrays(points: np.ndarray, faces: np.ndarray, *, where: object

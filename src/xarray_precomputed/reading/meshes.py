@@ -26,6 +26,7 @@ from ..format.mesh_info import (
 )
 from ..format.sharding import decode_gzip
 from ..kvstore import KeyValue, ShardedKeyValue
+from ..util import cpu_pool, cpu_pool_size, settle
 from .object_sets import (
     MAX_OBJECT_BYTES,
     ObjectDir,
@@ -37,6 +38,10 @@ from .object_sets import (
     read_named,
 )
 from .skeletons import Transform
+
+# Below this many meshes a get_many decodes them in the calling thread: the pool's hand-offs
+# would cost more than the decoding.
+PARALLEL_MESHES = 64
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,22 @@ class MultilodMeshReader(MeshReader):
             pieces = self._sharded_pieces(keys, lod)
         else:
             pieces = self._unsharded_pieces(keys, lod)
-        return [self._decode(int(k), m, lod, data) for k, (m, data) in zip(keys.tolist(), pieces)]
+        items = list(zip(keys.tolist(), pieces))
+        workers = cpu_pool_size()
+        if workers < 2 or len(items) < PARALLEL_MESHES:
+            return [self._decode(k, m, lod, data) for k, (m, data) in items]
+        # runs of meshes on the decode pool: the Draco decoder releases the GIL; each run stops
+        # at its first error, and the earliest run's is raised, as a serial loop would
+        step = -(-len(items) // (2 * workers))
+        runs = [items[i:i + step] for i in range(0, len(items), step)]
+        tasks = [cpu_pool().submit(self._decode_run, run, lod) for run in runs]
+        try:
+            return [mesh for t in tasks for mesh in t.result()]
+        finally:
+            settle(tasks)
+
+    def _decode_run(self, run, lod: int) -> list[Mesh]:
+        return [self._decode(k, m, lod, data) for k, (m, data) in run]
 
     def _check_lod(self, k: int, m: MultilodManifest, lod: int, where: object) -> None:
         if not 0 <= lod < m.num_lods:
