@@ -185,6 +185,34 @@ def test_meshes_equal_cloudvolume(sets, kind, via):
         assert levels_seen >= {0, 1, 2}  # several levels of detail were compared
 
 
+def test_a_lone_mesh_is_one_request_with_its_manifest(sets, monkeypatch):
+    """`get(id)` reads a mesh's fragments with its manifest (they lie just before it); where
+    they start further back than the look-behind, a second request, with the same mesh."""
+    from xarray_precomputed.reading import meshes as reading_meshes
+
+    me = xp.Meshes.open(str(sets / "mesh_multires_sharded"))
+    calls = []
+    real = type(me.reader.kv.shards).read_file_ranges
+
+    def counting(self, shard, ranges):
+        calls.append(len(ranges))
+        return real(self, shard, ranges)
+
+    monkeypatch.setattr(type(me.reader.kv.shards), "read_file_ranges", counting)
+    for lod in range(3):
+        calls.clear()
+        one = me.get(77, lod=lod)
+        assert calls == [1]
+        monkeypatch.setattr(reading_meshes, "LOOK_BEHIND", 8)
+        calls.clear()
+        two = me.get(77, lod=lod)
+        assert calls == [1, 1]
+        monkeypatch.setattr(reading_meshes, "LOOK_BEHIND", 1 << 15)
+        np.testing.assert_array_equal(one.vertices, two.vertices)
+        np.testing.assert_array_equal(one.faces, two.faces)
+        assert one.sizes["face"] > 0
+
+
 def test_mesh_levels_differ_and_bad_levels_are_refused(sets):
     me = xp.Meshes.open(str(sets / "mesh_multires_sharded"))
     assert me.get(77, lod=0).sizes["face"] > me.get(77, lod=2).sizes["face"]

@@ -42,6 +42,9 @@ from .skeletons import Transform
 # Below this many meshes a get_many decodes them in the calling thread: the pool's hand-offs
 # would cost more than the decoding.
 PARALLEL_MESHES = 64
+# Bytes read before a lone mesh's manifest in its shard: its fragments usually lie there, so one
+# request brings both (a second one is made when they start further back).
+LOOK_BEHIND = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -212,11 +215,13 @@ class MultilodMeshReader(MeshReader):
     def _sharded_pieces(self, keys: np.ndarray, lod: int):
         """Manifests and fragment data from the shard files: per shard, its minishard indices,
         then the manifests, then the fragments of the level asked (stored just before each
-        manifest, never compressed), each a round of requests."""
+        manifest, never compressed), each a round of requests. One mesh alone is read in one
+        request where its fragments lie within LOOK_BEHIND bytes before its manifest."""
         kv = self.kv
         assert isinstance(kv, ShardedKeyValue)
         shards, minis = kv.locate(keys)
         out: list = [None] * len(keys)
+        behind = LOOK_BEHIND if len(keys) == 1 else 0
         for shard in np.unique(shards).tolist():
             pos = np.nonzero(shards == shard)[0]
             indices = kv.shards.minishard_indices(shard, minis[pos].tolist())
@@ -233,17 +238,19 @@ class MultilodMeshReader(MeshReader):
                     raise CorruptChunkError("manifest range past any manifest's size",
                                             chunk=Where(kv, k))
                 spans.append((p, k, start, end))
-            got = kv.shards.read_file_ranges(shard, [(s, e) for _, _, s, e in spans])
+            got = kv.shards.read_file_ranges(shard, [(max(0, s - behind), e) for _, _, s, e in spans])
             if got is None:
                 raise self._missing(spans[0][1], kv.describe(spans[0][1]))
             frag_ranges = []
-            for (p, k, s, e), raw in zip(spans, got):
+            for (p, k, s, e), whole in zip(spans, got):
                 where = Where(kv, k)
-                if len(raw) != e - s:
+                lo = max(0, s - behind)
+                if len(whole) != e - lo:
                     raise CorruptChunkError(f"manifest [{s}, {e}) lies past the end of the shard",
                                             chunk=where)
+                raw = memoryview(whole)[s - lo:]
                 if kv.spec.data_encoding == "gzip":
-                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where,  # type: ignore[arg-type]
+                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where,  # type: ignore[arg-type,assignment]
                                       what="mesh manifest")
                 m = decode_multilod_manifest(raw, where=where)
                 self._check_lod(k, m, lod, where)
@@ -252,7 +259,12 @@ class MultilodMeshReader(MeshReader):
                     raise CorruptChunkError(f"the manifest's {m.data_bytes()} bytes of fragments "
                                             f"would start before the shard file", chunk=where)
                 a, b = m.lod_range(lod)
-                frag_ranges.append((p, m, base + a, base + b))
+                if base + a >= lo:  # read already, with the manifest
+                    out[p] = (m, memoryview(whole)[base + a - lo:base + b - lo])
+                else:
+                    frag_ranges.append((p, m, base + a, base + b))
+            if not frag_ranges:
+                continue
             datas = kv.shards.read_file_ranges(shard, [(a, b) for _, _, a, b in frag_ranges])
             for (p, m, a, b), data in zip(frag_ranges, datas or [b""] * len(frag_ranges)):
                 if len(data) != b - a:
