@@ -229,7 +229,7 @@ static int decode_symbols(Rd *r, uint32_t num_values, int num_components, uint32
         if (!sym_read(r, 5, &t, err)) goto fail;
         if (t.nsym == 0) CORRUPT("tagged symbols without a tag table");
         uint64_t size;
-        if (!rd_var64(r, &size) || size > r->n - r->pos) CORRUPT("tag data past the end");
+        if (!rd_var64(r, &size) || size > r->n - r->pos || size > 0x7FFFFFFFu) CORRUPT("tag data past the end");
         Ans a;
         if (!ans_init(&a, r->p + r->pos, (uint32_t)size, t.l_base, 1)) CORRUPT("tag coder state");
         r->pos += (size_t)size;
@@ -250,7 +250,7 @@ static int decode_symbols(Rd *r, uint32_t num_values, int num_components, uint32
         if (!sym_read(r, max_bits, &t, err)) goto fail;
         if (t.nsym == 0) CORRUPT("raw symbols without a table");
         uint64_t size;
-        if (!rd_var64(r, &size) || size > r->n - r->pos) CORRUPT("raw symbol data past the end");
+        if (!rd_var64(r, &size) || size > r->n - r->pos || size > 0x7FFFFFFFu) CORRUPT("raw symbol data past the end");
         Ans a;
         if (!ans_init(&a, r->p + r->pos, (uint32_t)size, t.l_base, 1)) CORRUPT("raw coder state");
         r->pos += (size_t)size;
