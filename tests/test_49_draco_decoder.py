@@ -127,6 +127,29 @@ def test_damaged_stream_is_a_corrupt_chunk_error_naming_the_fragment():
         mesh_codec.decode_draco_fragment(bytes(blob), where="segment 7 fragment 3")
 
 
+def test_many_fragments_in_one_call_equal_one_by_one():
+    native = _native()
+    blobs = [DracoPy.encode(pts, faces, quantization_bits=14, compression_level=level)
+             for (pts, faces), level in zip(meshes(), (1, 3, 5, 6, 7, 8, 4, 2))]
+    sizes = [len(b) for b in blobs]
+    sizes.insert(2, 0)  # an empty octree node
+    points, faces, counts = native.decode_many(memoryview(b"".join(blobs)), sizes)
+    ones = [native.decode(b) for b in blobs]
+    assert counts.tolist() == [len(p) for p, _ in ones[:2]] + [0] + [len(p) for p, _ in ones[2:]]
+    np.testing.assert_array_equal(points, np.concatenate([p for p, _ in ones]))
+    starts = np.cumsum([0] + [len(p) for p, _ in ones[:-1]])
+    np.testing.assert_array_equal(faces, np.concatenate([f + s for (_, f), s in zip(ones, starts)]))
+    # one fragment outside the subset, damaged, or sizes that do not add up: None (one by one)
+    other = DracoPy.encode(*sphere(6), quantization_bits=11, compression_level=0)
+    assert native.decode_many(blobs[0] + other, [len(blobs[0]), len(other)]) is None
+    assert native.decode_many(blobs[0] + blobs[1][:40], [len(blobs[0]), 40]) is None
+    assert native.decode_many(blobs[0], [len(blobs[0]) - 1]) is None
+    # integer and float points together: None too
+    ints = DracoPy.encode((sphere(6)[0] + 60).astype(np.uint32), sphere(6)[1], quantization_bits=11,
+                          compression_level=5)
+    assert native.decode_many(blobs[0] + ints, [len(blobs[0]), len(ints)]) is None
+
+
 FUZZ = """
 import os, resource, sys
 import numpy as np
@@ -170,6 +193,12 @@ for s in streams:
         at = rng.integers(0, len(b), k)
         b[at] = rng.integers(0, 256, k)
         check(b.tobytes()); cases += 1
+for i in range(300):  # many at once: one damaged stream among good ones
+    a, b = streams[i % len(streams)], bytearray(streams[(i * 7) % len(streams)])
+    b[int(rng.integers(len(b)))] = int(rng.integers(256))
+    got = native.decode_many(a + bytes(b), [len(a), len(b)])
+    assert got is None or int(got[1].max(initial=0)) < len(got[0])
+    cases += 1
 for s in streams[:4]:  # through the reader's entry point: the package's error, or a mesh
     for n in range(11, len(s), 7):
         try:

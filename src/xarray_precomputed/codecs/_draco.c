@@ -856,10 +856,94 @@ static PyObject *py_decode(PyObject *self, PyObject *arg) {
     return Py_BuildValue("(NN)", pts, fcs);
 }
 
+/* Many fragments of one buffer, one after another (sizes: bytes of each; an empty one is an
+ * octree node without a mesh): their points concatenated, their faces numbered into that, and each
+ * fragment's point count; None when any fragment is outside the subset or damaged, or their point
+ * types differ (the caller then decodes them one by one, which names the fragment). */
+static PyObject *py_decode_many(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *sizes_obj;
+    if (!PyArg_ParseTuple(args, "y*O:decode_many", &view, &sizes_obj)) return NULL;
+    PyObject *seq = PySequence_Fast(sizes_obj, "sizes must be a sequence");
+    if (!seq) { PyBuffer_Release(&view); return NULL; }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *sizes = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)(k ? k : 1));
+    int64_t *counts = (int64_t *)calloc((size_t)(k ? k : 1), sizeof(int64_t));
+    Out *outs = (Out *)calloc((size_t)(k ? k : 1), sizeof(Out));
+    if (!sizes || !counts || !outs) {
+        free(sizes); free(counts); free(outs); Py_DECREF(seq); PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            free(sizes); free(counts); free(outs); Py_DECREF(seq); PyBuffer_Release(&view);
+            return NULL;
+        }
+        sizes[i] = v;
+        total += v;
+    }
+    Py_DECREF(seq);
+    int ok = total == (uint64_t)view.len, nomem = 0, kind = -1;
+    uint64_t npts = 0, nfaces = 0;
+    Py_BEGIN_ALLOW_THREADS
+    size_t off = 0;
+    for (Py_ssize_t i = 0; ok && i < k; i++) {
+        if (sizes[i] == 0) continue;
+        Err err = {ST_CORRUPT, "unknown"};
+        int st = decode_mesh((const uint8_t *)view.buf + off, (size_t)sizes[i], &outs[i], &err);
+        off += (size_t)sizes[i];
+        if (st != ST_OK) { ok = 0; nomem = st == ST_NOMEM; break; }
+        if (kind >= 0 && outs[i].out_kind != kind) { ok = 0; break; }
+        kind = outs[i].out_kind;
+        counts[i] = outs[i].num_points;
+        npts += outs[i].num_points;
+        nfaces += outs[i].num_faces;
+    }
+    if (npts > 0x7FFFFFFFu) ok = 0;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyObject *result = NULL;
+    if (ok) {
+        npy_intp pd[2] = {(npy_intp)npts, 3}, fd[2] = {(npy_intp)nfaces, 3}, cd[1] = {(npy_intp)k};
+        int typenum = kind == 1 ? NPY_UINT32 : kind == 2 ? NPY_INT32 : NPY_FLOAT32;
+        PyObject *pts = PyArray_SimpleNew(2, pd, typenum);
+        PyObject *fcs = PyArray_SimpleNew(2, fd, NPY_UINT32);
+        PyObject *cnt = PyArray_SimpleNew(1, cd, NPY_INT64);
+        if (pts && fcs && cnt) {
+            char *pp = (char *)PyArray_DATA((PyArrayObject *)pts);
+            uint32_t *fp = (uint32_t *)PyArray_DATA((PyArrayObject *)fcs);
+            uint32_t base = 0;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (!outs[i].points) continue;
+                memcpy(pp, outs[i].points, (size_t)outs[i].num_points * 12);
+                pp += (size_t)outs[i].num_points * 12;
+                for (size_t j = 0; j < (size_t)outs[i].num_faces * 3; j++) *fp++ = outs[i].faces[j] + base;
+                base += outs[i].num_points;
+            }
+            memcpy(PyArray_DATA((PyArrayObject *)cnt), counts, sizeof(int64_t) * (size_t)k);
+            result = Py_BuildValue("(NNN)", pts, fcs, cnt);
+        } else {
+            Py_XDECREF(pts); Py_XDECREF(fcs); Py_XDECREF(cnt);
+        }
+    } else if (nomem) {
+        PyErr_NoMemory();
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) { free(outs[i].points); free(outs[i].faces); }
+    free(outs); free(sizes); free(counts);
+    return result;
+}
+
 static PyMethodDef draco_methods[] = {
     {"decode", py_decode, METH_O,
      "decode(buffer) -> (points, faces), or None for a stream outside the supported subset; "
      "ValueError for a damaged one."},
+    {"decode_many", py_decode_many, METH_VARARGS,
+     "decode_many(buffer, sizes) -> (points, faces, counts) of consecutive fragments, or None."},
     {NULL, NULL, 0, NULL},
 };
 

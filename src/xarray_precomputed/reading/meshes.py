@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..codecs import mesh as mesh_codec
 from ..codecs.mesh import (
     MultilodManifest,
     decode_draco_fragment,
@@ -281,6 +282,16 @@ class MultilodMeshReader(MeshReader):
             # per-node concatenations
             p, all_faces = decode_draco_fragment(data, where=_FragmentWhere(where, lod, 0))
             return Mesh(k, self._place(k, m, lod, p, m.fragment_positions[lod], where), all_faces)
+        native = mesh_codec.native_draco()
+        got = native.decode_many(data, sizes) if native is not None and sizes else None
+        if got is not None:
+            # every fragment in one call; anything else (outside its subset, damaged) takes the
+            # loop below, which hands it to DracoPy or names the fragment
+            allp, all_faces, counts = got
+            node_pos = np.repeat(m.fragment_positions[lod], counts, axis=0)
+            if not len(allp):
+                return merge(k, [])
+            return Mesh(k, self._place(k, m, lod, allp, node_pos, where), all_faces)
         view = memoryview(data)
         points, faces, nodes = [], [], []
         off = 0
