@@ -35,7 +35,7 @@ REQUIRE = _flag("XARRAY_PRECOMPUTED_REQUIRE_EXTENSIONS")
 # Flags per compiler family: GCC/Clang take the first, MSVC the second.
 GCC_FLAGS = ["-O3", "-std=c99", "-Wall"]
 MSVC_FLAGS = ["/O2", "/std:c11"]  # C11: inline, declarations after statements
-GCC_ONLY_EXTRA = {"-Wno-unused-function"}
+GCC_ONLY_EXTRA = {"-Wno-unused-function", "-ffp-contract=off"}
 # MSVC also gets, force-included (/FI), the GCC builtins the sources use outside GCC-only
 # sections, as what MSVC offers: a prefetch is a hint, dropping it changes speed, never results.
 MSVC_COMPAT = """\
@@ -136,6 +136,9 @@ EXTENSIONS = [
     ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
     ext("xarray_precomputed.codecs._fpzip", "src/xarray_precomputed/codecs/_fpzip.c"),
     ext("xarray_precomputed.codecs._crackle", "src/xarray_precomputed/codecs/_crackle.c"),
+    # no fused multiply-add: dequantized positions must round as the reference decoder's do
+    ext("xarray_precomputed.codecs._draco", "src/xarray_precomputed/codecs/_draco.c",
+        "-ffp-contract=off"),
     ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
     ext("xarray_precomputed.storage._fileread", "src/xarray_precomputed/storage/_fileread.c"),
     ext("xarray_precomputed.reading._chunk_batch", "src/xarray_precomputed/reading/_chunk_batch.c",

@@ -22,6 +22,7 @@ from cloudvolume import CloudVolume
 from httpserver import serve
 
 import xarray_precomputed as xp
+from xarray_precomputed.codecs import mesh as mesh_codec
 from xarray_precomputed.errors import (
     CodecUnavailableError,
     CorruptChunkError,
@@ -182,6 +183,34 @@ def test_meshes_equal_cloudvolume(sets, kind, via):
             levels_seen.add(lod)
     if kind != "mesh_legacy":
         assert levels_seen >= {0, 1, 2}  # several levels of detail were compared
+
+
+def test_a_lone_mesh_is_one_request_with_its_manifest(sets, monkeypatch):
+    """`get(id)` reads a mesh's fragments with its manifest (they lie just before it); where
+    they start further back than the look-behind, a second request, with the same mesh."""
+    from xarray_precomputed.reading import meshes as reading_meshes
+
+    me = xp.Meshes.open(str(sets / "mesh_multires_sharded"))
+    calls = []
+    real = type(me.reader.kv.shards).read_file_ranges
+
+    def counting(self, shard, ranges):
+        calls.append(len(ranges))
+        return real(self, shard, ranges)
+
+    monkeypatch.setattr(type(me.reader.kv.shards), "read_file_ranges", counting)
+    for lod in range(3):
+        calls.clear()
+        one = me.get(77, lod=lod)
+        assert calls == [1]
+        monkeypatch.setattr(reading_meshes, "LOOK_BEHIND", 8)
+        calls.clear()
+        two = me.get(77, lod=lod)
+        assert calls == [1, 1]
+        monkeypatch.setattr(reading_meshes, "LOOK_BEHIND", 1 << 15)
+        np.testing.assert_array_equal(one.vertices, two.vertices)
+        np.testing.assert_array_equal(one.faces, two.faces)
+        assert one.sizes["face"] > 0
 
 
 def test_mesh_levels_differ_and_bad_levels_are_refused(sets):
@@ -420,10 +449,56 @@ def test_damaged_meshes_name_the_file(copied):
 
 def test_draco_missing_says_how_to_install(sets, monkeypatch):
     monkeypatch.setitem(sys.modules, "DracoPy", None)
+    # our own decoder reads what igneous writes: no DracoPy needed
+    assert mesh_codec.native_draco() is not None, "the C Draco decoder is not built"
+    assert xp.Meshes.open(str(sets / "mesh_multires")).get(77).sizes["face"] > 0
+    # without it (not built), the error says how to install DracoPy
+    monkeypatch.setattr(mesh_codec, "native_draco", lambda: None)
     with pytest.raises(CodecUnavailableError, match="pip install"):
         xp.Meshes.open(str(sets / "mesh_multires")).get(77)
     # legacy meshes need no Draco
     assert xp.Meshes.open(str(sets / "mesh_legacy")).get(77).sizes["face"] > 0
+
+
+def _every_fragment(path: Path):
+    """(segment id, level, fragment number, bytes) of every Draco fragment of a multi-resolution
+    set, sharded or not, through the reader's manifests."""
+    reader = xp.Meshes.open(str(path)).reader
+    ids = reader.ids()
+    sharded = reader.info.sharding is not None
+    for lod in range(3):
+        have = [k for k in ids.tolist()
+                if lod < (reader._sharded_pieces if sharded else reader._unsharded_pieces)(
+                    np.array([k], np.uint64), 0)[0][0].num_lods]
+        pieces = (reader._sharded_pieces if sharded else reader._unsharded_pieces)(
+            np.array(have, np.uint64), lod)
+        for k, (m, data) in zip(have, pieces):
+            off = 0
+            for frag, size in enumerate(m.fragment_sizes[lod].tolist()):
+                if size:
+                    yield k, lod, frag, bytes(data[off:off + size])
+                off += size
+
+
+@pytest.mark.parametrize("kind", ["mesh_multires", "mesh_multires_sharded"])
+def test_own_draco_decoder_equals_dracopy_on_every_igneous_fragment(sets, kind):
+    """Exactly DracoPy's points (values, dtype and order) and faces (same order), fragment by
+    fragment: the C decoder handles the whole of what igneous writes, none handed to DracoPy."""
+    import DracoPy
+
+    native = mesh_codec.native_draco()
+    assert native is not None, "the C Draco decoder is not built"
+    n = 0
+    for k, lod, frag, blob in _every_fragment(sets / kind):
+        got = native.decode(blob)
+        assert got is not None, f"segment {k} level {lod} fragment {frag} left to DracoPy"
+        want = DracoPy.decode(blob)
+        points, faces = np.asarray(want.points), np.asarray(want.faces).reshape(-1, 3)
+        assert got[0].dtype == points.dtype and got[0].shape == points.shape
+        np.testing.assert_array_equal(got[0], points)
+        np.testing.assert_array_equal(got[1], faces)
+        n += 1
+    assert n > 50
 
 
 @pytest.mark.parametrize("field, value", [

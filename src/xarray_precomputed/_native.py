@@ -22,6 +22,7 @@ EXTENSIONS = {
     "xarray_precomputed.codecs._fortran": "raw chunk copies",
     "xarray_precomputed.codecs._fpzip": "fpzip decoder and encoder",
     "xarray_precomputed.codecs._crackle": "crackle decoder",
+    "xarray_precomputed.codecs._draco": "Draco mesh decoder",
     "xarray_precomputed.dvid._block": "DVID block decoder",
     "xarray_precomputed.storage._fileread": "local file reads",
     "xarray_precomputed.reading._chunk_batch": "batched chunk decoding",
@@ -32,6 +33,7 @@ EXTENSIONS = {
 FALLBACKS = {
     "xarray_precomputed.codecs._crackle": "crackle-codec fallback",
     "xarray_precomputed.codecs._fpzip": "fpzip package fallback",
+    "xarray_precomputed.codecs._draco": "DracoPy fallback",
 }
 
 _loaded: dict[str, ModuleType | None] = {}

@@ -1,6 +1,8 @@
 """Mesh bytes, both directions where the package writes them: legacy fragments (uint32 vertex
 count, float32 xyz vertices, uint32 triangles), the `neuroglancer_multilod_draco` manifest, and
-Draco fragments (decoded with DracoPy, an optional extra)."""
+Draco fragments: decoded by our own C decoder (`_draco.c`) where the stream is in the subset the
+Neuroglancer mesh writers produce, by DracoPy (an optional extra) otherwise, or where the C
+extension is not built."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._native import load
 from ..errors import CodecUnavailableError, CorruptChunkError
 
 DRACO_HINT = "pip install 'xarray-precomputed[draco]' (or: pip install DracoPy)"
@@ -112,22 +115,61 @@ def draco_available() -> bool:
     return True
 
 
+def native_draco():
+    """Our C Draco decoder, or None (not built, or the fallbacks forced)."""
+    return load("xarray_precomputed.codecs._draco")
+
+
 def decode_draco_fragment(buf, *, where: object) -> tuple[np.ndarray, np.ndarray]:
-    """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment."""
-    draco = _dracopy()
+    """(integer vertex positions (n, 3), faces (m, 3) uint32) of one Draco fragment (positions
+    float32 where the stream holds quantized floats)."""
+    native = native_draco()
+    damage = None
+    if native is not None:
+        try:
+            got = native.decode(buf)
+        except ValueError as e:
+            damage = str(e)
+        else:
+            if got is not None:
+                return got  # its faces are checked against its points already
+    # outside our decoder's subset, or refused by it: DracoPy, the reference, decides
+    draco = _dracopy() if damage is None else _dracopy_or_none()
+    if draco is None:
+        raise CorruptChunkError(str(damage), chunk=where)
     try:
         mesh = draco.decode(bytes(buf))
         points = np.asarray(mesh.points)
         faces = np.asarray(mesh.faces)
     except Exception as e:  # DracoPy raises its own error types, and ValueError/RuntimeError
-        raise CorruptChunkError(f"Draco fragment cannot be decoded: {e}", chunk=where) from None
-    # damage can leave a stream that decodes, to a point cloud or to arrays of another shape
+        raise CorruptChunkError(damage or f"Draco fragment cannot be decoded: {e}",
+                                chunk=where) from None
+    return check_draco_arrays(points, faces, where=where)
+
+
+def _dracopy_or_none():
+    try:
+        return _dracopy()
+    except CodecUnavailableError:
+        return None
+
+
+def check_draco_arrays(points: np.ndarray, faces: np.ndarray, *, where: object
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """`points` (n, 3) and `faces` (m, 3) uint32 of a decoded fragment, checked: damage can leave
+    a stream that decodes, to a point cloud, to arrays of another shape, or to triangles naming
+    vertices past the end."""
     if points.size % 3 or faces.size % 3 or faces.dtype.kind not in "iu" or points.dtype.kind not in "iuf":
         raise CorruptChunkError(f"Draco fragment decodes to {points.size} position values and "
                                 f"{faces.size} {faces.dtype} face values, not xyz triangles",
                                 chunk=where)
     points = points.reshape(-1, 3)
     faces = faces.reshape(-1, 3)
-    if len(faces) and (int(faces.max()) >= len(points) or int(faces.min()) < 0):
-        raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}", chunk=where)
+    if faces.size:
+        # one pass: unsigned faces cannot be negative, and a signed one read as unsigned is huge
+        top = int(faces.max()) if faces.dtype.kind == "u" else int(faces.view(f"u{faces.itemsize}").max())
+        if top >= len(points):
+            raise CorruptChunkError(f"a triangle names a vertex outside its {len(points)}",
+                                    chunk=where)
     return points, faces.astype(np.uint32, copy=False)
+

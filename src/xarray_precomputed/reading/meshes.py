@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..codecs import mesh as mesh_codec
 from ..codecs.mesh import (
     MultilodManifest,
     decode_draco_fragment,
@@ -26,6 +27,7 @@ from ..format.mesh_info import (
 )
 from ..format.sharding import decode_gzip
 from ..kvstore import KeyValue, ShardedKeyValue
+from ..util import cpu_pool, cpu_pool_size, settle
 from .object_sets import (
     MAX_OBJECT_BYTES,
     ObjectDir,
@@ -37,6 +39,13 @@ from .object_sets import (
     read_named,
 )
 from .skeletons import Transform
+
+# Below this many meshes a get_many decodes them in the calling thread: the pool's hand-offs
+# would cost more than the decoding.
+PARALLEL_MESHES = 64
+# Bytes read before a lone mesh's manifest in its shard: its fragments usually lie there, so one
+# request brings both (a second one is made when they start further back).
+LOOK_BEHIND = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -160,7 +169,22 @@ class MultilodMeshReader(MeshReader):
             pieces = self._sharded_pieces(keys, lod)
         else:
             pieces = self._unsharded_pieces(keys, lod)
-        return [self._decode(int(k), m, lod, data) for k, (m, data) in zip(keys.tolist(), pieces)]
+        items = list(zip(keys.tolist(), pieces))
+        workers = cpu_pool_size()
+        if workers < 2 or len(items) < PARALLEL_MESHES:
+            return [self._decode(k, m, lod, data) for k, (m, data) in items]
+        # runs of meshes on the decode pool: the Draco decoder releases the GIL; each run stops
+        # at its first error, and the earliest run's is raised, as a serial loop would
+        step = -(-len(items) // (2 * workers))
+        runs = [items[i:i + step] for i in range(0, len(items), step)]
+        tasks = [cpu_pool().submit(self._decode_run, run, lod) for run in runs]
+        try:
+            return [mesh for t in tasks for mesh in t.result()]
+        finally:
+            settle(tasks)
+
+    def _decode_run(self, run, lod: int) -> list[Mesh]:
+        return [self._decode(k, m, lod, data) for k, (m, data) in run]
 
     def _check_lod(self, k: int, m: MultilodManifest, lod: int, where: object) -> None:
         if not 0 <= lod < m.num_lods:
@@ -192,11 +216,13 @@ class MultilodMeshReader(MeshReader):
     def _sharded_pieces(self, keys: np.ndarray, lod: int):
         """Manifests and fragment data from the shard files: per shard, its minishard indices,
         then the manifests, then the fragments of the level asked (stored just before each
-        manifest, never compressed), each a round of requests."""
+        manifest, never compressed), each a round of requests. One mesh alone is read in one
+        request where its fragments lie within LOOK_BEHIND bytes before its manifest."""
         kv = self.kv
         assert isinstance(kv, ShardedKeyValue)
         shards, minis = kv.locate(keys)
         out: list = [None] * len(keys)
+        behind = LOOK_BEHIND if len(keys) == 1 else 0
         for shard in np.unique(shards).tolist():
             pos = np.nonzero(shards == shard)[0]
             indices = kv.shards.minishard_indices(shard, minis[pos].tolist())
@@ -213,17 +239,19 @@ class MultilodMeshReader(MeshReader):
                     raise CorruptChunkError("manifest range past any manifest's size",
                                             chunk=Where(kv, k))
                 spans.append((p, k, start, end))
-            got = kv.shards.read_file_ranges(shard, [(s, e) for _, _, s, e in spans])
+            got = kv.shards.read_file_ranges(shard, [(max(0, s - behind), e) for _, _, s, e in spans])
             if got is None:
                 raise self._missing(spans[0][1], kv.describe(spans[0][1]))
             frag_ranges = []
-            for (p, k, s, e), raw in zip(spans, got):
+            for (p, k, s, e), whole in zip(spans, got):
                 where = Where(kv, k)
-                if len(raw) != e - s:
+                lo = max(0, s - behind)
+                if len(whole) != e - lo:
                     raise CorruptChunkError(f"manifest [{s}, {e}) lies past the end of the shard",
                                             chunk=where)
+                raw = memoryview(whole)[s - lo:]
                 if kv.spec.data_encoding == "gzip":
-                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where,  # type: ignore[arg-type]
+                    raw = decode_gzip(raw, MAX_OBJECT_BYTES, where=where,  # type: ignore[arg-type,assignment]
                                       what="mesh manifest")
                 m = decode_multilod_manifest(raw, where=where)
                 self._check_lod(k, m, lod, where)
@@ -232,7 +260,12 @@ class MultilodMeshReader(MeshReader):
                     raise CorruptChunkError(f"the manifest's {m.data_bytes()} bytes of fragments "
                                             f"would start before the shard file", chunk=where)
                 a, b = m.lod_range(lod)
-                frag_ranges.append((p, m, base + a, base + b))
+                if base + a >= lo:  # read already, with the manifest
+                    out[p] = (m, memoryview(whole)[base + a - lo:base + b - lo])
+                else:
+                    frag_ranges.append((p, m, base + a, base + b))
+            if not frag_ranges:
+                continue
             datas = kv.shards.read_file_ranges(shard, [(a, b) for _, _, a, b in frag_ranges])
             for (p, m, a, b), data in zip(frag_ranges, datas or [b""] * len(frag_ranges)):
                 if len(data) != b - a:
@@ -243,10 +276,26 @@ class MultilodMeshReader(MeshReader):
 
     def _decode(self, k: int, m: MultilodManifest, lod: int, data) -> Mesh:
         where = Where(self.kv, k)
+        sizes = m.fragment_sizes[lod].tolist()
+        if len(sizes) == 1 and sizes[0]:
+            # the common case (igneous' default levels: one fragment per mesh), without the
+            # per-node concatenations
+            p, all_faces = decode_draco_fragment(data, where=_FragmentWhere(where, lod, 0))
+            return Mesh(k, self._place(k, m, lod, p, m.fragment_positions[lod], where), all_faces)
+        native = mesh_codec.native_draco()
+        got = native.decode_many(data, sizes) if native is not None and sizes else None
+        if got is not None:
+            # every fragment in one call; anything else (outside its subset, damaged) takes the
+            # loop below, which hands it to DracoPy or names the fragment
+            allp, all_faces, counts = got
+            node_pos = np.repeat(m.fragment_positions[lod], counts, axis=0)
+            if not len(allp):
+                return merge(k, [])
+            return Mesh(k, self._place(k, m, lod, allp, node_pos, where), all_faces)
         view = memoryview(data)
         points, faces, nodes = [], [], []
         off = 0
-        for frag, size in enumerate(m.fragment_sizes[lod].tolist()):
+        for frag, size in enumerate(sizes):
             chunk = view[off:off + size]
             off += size
             if size == 0:
@@ -257,8 +306,7 @@ class MultilodMeshReader(MeshReader):
             nodes.append(frag)
         if not points:
             return merge(k, [])
-        quant = self.quant
-        positions = m.fragment_positions[lod][nodes].astype(np.float64)
+        positions = m.fragment_positions[lod][nodes]
         if len(points) == 1:
             allp, node_pos, all_faces = points[0], positions, faces[0]
         else:
@@ -268,10 +316,20 @@ class MultilodMeshReader(MeshReader):
             node_pos = np.repeat(positions, counts, axis=0)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.uint32)
             all_faces = np.concatenate([f + o for f, o in zip(faces, starts)])
-        if len(allp) and (allp.min() < 0 or allp.max() > quant):
-            raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
-                                    chunk=where)
+        return Mesh(k, self._place(k, m, lod, allp, node_pos, where), all_faces)
+
+    def _place(self, k: int, m: MultilodManifest, lod: int, allp: np.ndarray, node_pos: np.ndarray,
+               where: object) -> np.ndarray:
+        """Vertices in nm from their positions in their octree nodes (`node_pos`: one row, or one
+        per vertex)."""
+        quant = self.quant
+        if len(allp):
+            lo, hi = (int(allp.min()), int(allp.max())) if allp.dtype.kind in "iu" else \
+                (float(allp.min()), float(allp.max()))
+            if lo < 0 or hi > quant:
+                raise CorruptChunkError(f"level {lod}: vertex positions outside [0, {int(quant)}]",
+                                        chunk=where)
         scale = m.chunk_shape.astype(np.float64) * (2.0 ** lod)
         base = m.grid_origin.astype(np.float64) + m.vertex_offsets[lod].astype(np.float64)
-        stored = base + scale * (node_pos + allp / quant)
-        return Mesh(k, self.transform(stored), all_faces)
+        stored = base + scale * (node_pos.astype(np.float64) + allp / quant)
+        return self.transform(stored)
