@@ -374,6 +374,29 @@ class _Read:
                 j, msg = e.args
                 raise CorruptChunkError(msg, chunk=self.name(int(members[part][j]))) from None
 
+    def read_files(self, out: np.ndarray, members: np.ndarray, stream: bool) -> np.ndarray | None:
+        """A batch of chunk files read and decoded into `out` by one call of the extension,
+        each file decoded as soon as storage's C reader has read it (`KeyValue.files`): one GIL
+        release, no Python per chunk, and each file still in cache when decoded. The members it
+        left untouched (absent, too large, not a plain file: `fetch` and `decode` read those
+        their way), or None where the store has no such reader."""
+        files = self.kv.files(self.keys[members])
+        if files is None:
+            return None
+        result = np.empty((len(members), 3), np.int64)
+        try:
+            _batch.read_decode(out, self.kind, self.dtype_name, self.block,  # type: ignore[union-attr]
+                               self.nc, files.reader, files.paths, self.geom[members], self.limit,
+                               stream, _scratch_for("files", self.limit + 1), result)
+        except OSError as e:
+            raise files.failure(e) from e
+        except _batch.ChunkDataError as e:  # type: ignore[union-attr]
+            j, msg = e.args
+            raise CorruptChunkError(msg, chunk=self.name(int(members[j]))) from None
+        codes = result[:, 0]
+        files.done(codes)
+        return members[codes < 0]
+
     def inflated(self, members, sources, src):
         """(positions, sources, rows) per part of a batch of gzip values, each value inflated
         here (libdeflate where installed, else a build without zlib): parts of at most
@@ -414,7 +437,15 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
         rows = out.strides[0] == out.itemsize  # x fastest: chunks copied as rows
         step = max(1, (FILE_RUN_BYTES_ROWS if rows else FILE_RUN_BYTES) // read.chunk_bytes)
 
+    # chunk files read and decoded in one call per job, but where whole raw chunks are read
+    # straight into the result (dests) or a crop reads spans of them
+    by_file = read.kv.one_object_per_key and read.in_c and not read.any_partial
+
     def run(members: np.ndarray) -> None:
+        if by_file and read.dests(members, out) is None:
+            left = read.read_files(out, members, stream)
+            if left is not None:
+                members = left
         for k in range(0, len(members), step):
             part = members[k:k + step]
             got = read.fetch(_Batch(part), local=True, out=out)
