@@ -91,7 +91,7 @@ FILE_RUN_BYTES_ROWS = 8 << 20
 # zlib's speed, the same streams accepted): inflating was half of a random 64^3 crop of seg's
 # CPU. In parts of at most this many inflated bytes, each one call of the extension.
 INFLATE_FIRST = inflates_with_libdeflate()
-INFLATED_PART_BYTES = 8 << 20
+INFLATED_PART_BYTES = 1 << 20
 
 
 def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
@@ -403,20 +403,29 @@ class _Read:
         INFLATED_PART_BYTES, each one call of the extension."""
         limit = self.limit
         views = [memoryview(b).cast("B") for b in sources]
+        # columns as Python ints: a list per row was a tracked object per chunk (the collector
+        # ran every few hundred chunks, GIL held)
+        ks, offs, lens = src.T.tolist()
+        n = len(ks)
         start, size = 0, 0
         inflated: list = []
-        part_src = src.copy()
-        for j, (k, off, n) in enumerate(src.tolist()):
+        for j in range(n):
+            k = ks[j]
             if k >= 0:
+                off = offs[j]
                 try:
-                    blob = decode_gzip(views[k][off:off + n], limit, where="", what="chunk data")
+                    blob = decode_gzip(views[k][off:off + lens[j]], limit, where="", what="chunk data")
                 except CorruptChunkError as e:
                     raise CorruptChunkError(str(e), chunk=self.name(int(members[j]))) from None
-                part_src[j] = (len(inflated), 0, len(blob))
                 inflated.append(blob)
                 size += len(blob)
-            if size >= INFLATED_PART_BYTES or j + 1 == len(src):
-                yield slice(start, j + 1), inflated, part_src[start:j + 1]
+            if size >= INFLATED_PART_BYTES or j + 1 == n:
+                part_src = src[start:j + 1].copy()
+                have = part_src[:, 0] >= 0
+                part_src[have, 0] = np.arange(len(inflated))
+                part_src[have, 1] = 0
+                part_src[have, 2] = [len(b) for b in inflated]
+                yield slice(start, j + 1), inflated, part_src
                 start, size, inflated = j + 1, 0, []
 
 
