@@ -409,6 +409,8 @@ class _Read:
         n = len(ks)
         start, size = 0, 0
         inflated: list = []
+        where: list = []  # per row of the part: its value's index in `inflated`, -1 if absent
+        sizes: list = []
         for j in range(n):
             k = ks[j]
             if k >= 0:
@@ -417,16 +419,19 @@ class _Read:
                     blob = decode_gzip(views[k][off:off + lens[j]], limit, where="", what="chunk data")
                 except CorruptChunkError as e:
                     raise CorruptChunkError(str(e), chunk=self.name(int(members[j]))) from None
+                where.append(len(inflated))
                 inflated.append(blob)
-                size += len(blob)
+                sizes.append(len(blob))
+                size += sizes[-1]
+            else:
+                where.append(-1)
+                sizes.append(0)
             if size >= INFLATED_PART_BYTES or j + 1 == n:
-                part_src = src[start:j + 1].copy()
-                have = part_src[:, 0] >= 0
-                part_src[have, 0] = np.arange(len(inflated))
-                part_src[have, 1] = 0
-                part_src[have, 2] = [len(b) for b in inflated]
+                part_src = np.zeros((len(where), 3), np.int64)
+                part_src[:, 0] = where
+                part_src[:, 2] = sizes
                 yield slice(start, j + 1), inflated, part_src
-                start, size, inflated = j + 1, 0, []
+                start, size, inflated, where, sizes = j + 1, 0, [], [], []
 
 
 def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
