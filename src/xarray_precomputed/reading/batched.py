@@ -374,12 +374,13 @@ class _Read:
                 j, msg = e.args
                 raise CorruptChunkError(msg, chunk=self.name(int(members[part][j]))) from None
 
-    def read_files(self, out: np.ndarray, members: np.ndarray, stream: bool) -> np.ndarray | None:
+    def read_files(self, out: np.ndarray, members: np.ndarray, zeroed: bool,
+                   stream: bool) -> np.ndarray | None:
         """A batch of chunk files read and decoded into `out` by one call of the extension,
         each file decoded as soon as storage's C reader has read it (`KeyValue.files`): one GIL
-        release, no Python per chunk, and each file still in cache when decoded. The members it
-        left untouched (absent, too large, not a plain file: `fetch` and `decode` read those
-        their way), or None where the store has no such reader."""
+        release, no Python per chunk, and each file still in cache when decoded; absent ones
+        settled by the missing rule. The members left to `fetch` and `decode` (too large, not a
+        plain file, perhaps stored compressed), or None where the store has no such reader."""
         files = self.kv.files(self.keys[members])
         if files is None:
             return None
@@ -394,8 +395,14 @@ class _Read:
             j, msg = e.args
             raise CorruptChunkError(msg, chunk=self.name(int(members[j]))) from None
         codes = result[:, 0]
-        files.done(codes)
-        return members[codes < 0]
+        again = files.done(codes)
+        absent = np.flatnonzero((codes < 0) & ~again)
+        if len(absent):
+            rows = np.zeros((len(absent), 4), np.int64)
+            rows[:, 0], rows[:, 3] = ABSENT, -1
+            self.decode(out, members[absent], Located([], rows), self.geom[members[absent]],
+                        zeroed, stream)
+        return members[again]
 
     def inflated(self, members, sources, src):
         """(positions, sources, rows) per part of a batch of gzip values, each value inflated
@@ -457,7 +464,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
 
     def run(members: np.ndarray) -> None:
         if by_file and read.dests(members, out) is None:
-            left = read.read_files(out, members, stream)
+            left = read.read_files(out, members, zeroed, stream)
             if left is not None:
                 members = left
         for k in range(0, len(members), step):

@@ -95,12 +95,14 @@ class FileRun(NamedTuple):
     """Values stored one per local file, handed to an extension that reads and decodes each in
     one GIL release (`Store.files`): `reader` is storage's C file reader (a capsule, described in
     storage/file_reader.h) and `paths` the files it reads. Afterwards `done(codes)` takes the
-    reader's first result column (>= 0 read; else a code, that value left to `read_batch`), and
-    `failure(e)` gives the store's error for an OSError the reader raised."""
+    reader's first result column (>= 0 read; else a code) and says which values are still to be
+    read (`read_batch`: too large, not plain files, perhaps stored compressed); the others with
+    code ABSENT are absent. `failure(e)` gives the store's error for an OSError the reader
+    raised."""
 
     reader: Any
     paths: list
-    done: Callable[[np.ndarray], None]
+    done: Callable[[np.ndarray], np.ndarray]
     failure: Callable[[OSError], Exception]
 
 

@@ -296,13 +296,17 @@ class LocalStore(Store):
             return None
         root = os.path.join(self.root, "")
 
-        def done(codes: np.ndarray) -> None:
+        def done(codes: np.ndarray) -> np.ndarray:
             read = int((codes >= 0).sum())
-            self.count("read", read)
             if read:
                 for f in folders:  # (a batch is one folder's keys)
                     if self._forms.get(f) is None:
                         self._learn(f, "")
+            again = codes < 0
+            if all(self._forms.get(f) == "" for f in folders):
+                again &= codes != ABSENT  # a folder of plain files: absent is absent
+            self.count("read", len(codes) - int(again.sum()))  # the rest: when read_batch reads them
+            return again
 
         return FileRun(FILE_READER, [root + k for k in keys], done, self.failure)
 
