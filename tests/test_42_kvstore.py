@@ -456,3 +456,86 @@ def test_whole_reads_through_read_decode_follow_the_missing_rule_and_name_bad_fi
     short.write_bytes(b"\0" * (r.max_stored_bytes + 1))
     with pytest.raises(CorruptChunkError, match=short.name):
         Volume.open(str(path)).scale(0).read()
+
+
+# -- gzip values of a batch inflated by libdeflate in one comprehension, where decode_gzip would
+# hand each to it as it is; the rest one by one through decode_gzip: zlib is the oracle
+
+def _gzip_values(rng):
+    import gzip
+    import struct
+    import zlib
+    plain = [rng.integers(0, 4, int(n), dtype=np.uint8).tobytes() for n in (5000, 1, 70000, 300)]
+    values = [gzip.compress(p, mtime=0) for p in plain]
+    # a member with a header CRC (FHCRC): valid, but libdeflate does not check it
+    head = bytearray(values[0][:10])
+    head[3] |= 0x02
+    crc = struct.pack("<H", zlib.crc32(bytes(head)) & 0xFFFF)
+    values.append(bytes(head) + crc + values[0][10:])
+    plain.append(plain[0])
+    return plain, values
+
+
+def test_gzip_stated_sizes_pick_what_decode_gzip_hands_to_libdeflate():
+    from xarray_precomputed.format import sharding
+
+    rng = np.random.default_rng(3)
+    plain, values = _gzip_values(rng)
+    lying = values[0][:-4] + (10 ** 6).to_bytes(4, "little")  # states more than it holds
+    values = [*values, lying, b"not gzip at all, but long enough", values[2][:12]]
+    buf = b"".join(values)
+    offs = np.cumsum([0] + [len(v) for v in values[:-1]])
+    lens = np.array([len(v) for v in values])
+    got = sharding.gzip_stated_sizes(buf, offs, lens, limit=60000)
+    if sharding.gunzip_stated is None:
+        assert (got == -1).all()
+        return
+    # the 70000-byte value states more than the limit; the header-CRC one goes to zlib; the lying
+    # one states 10^6, more than 1040 times its size
+    assert got.tolist() == [5000, 1, -1, 300, -1, -1, -1, -1]
+    assert sharding.gzip_stated_sizes(buf, offs, lens, limit=10 ** 7).tolist()[:3] == [5000, 1, 70000]
+
+
+@pytest.mark.parametrize("libdeflate", [True, False])
+def test_a_batch_of_gzip_values_inflates_as_zlib_does(tmp_path, monkeypatch, libdeflate):
+    """Values libdeflate takes as they are, mixed with ones it is not handed (a header CRC) and
+    absent ones, in parts of any size; a damaged value names its chunk."""
+    import zlib
+
+    from xarray_precomputed.errors import CorruptChunkError
+    from xarray_precomputed.format import sharding
+
+    if not libdeflate:
+        monkeypatch.setattr(batched, "gunzip_stated", None)
+    data = make_data((16, 16, 16, 1), np.uint16, seed=1)
+    path = write_volume(tmp_path / "g", data, chunk_size=(8, 8, 8), sharding=SHARD_ID_RAW_GZIP)
+    r = Volume.open(str(path)).scale(0)
+    cells = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 0, 1]], np.int64)
+    width = batched.GEOM.columns if batched.GEOM is not None else 3  # (no rows without the extension)
+    read = batched._Read(r, cells, np.zeros((len(cells), width), np.int64))
+    rng = np.random.default_rng(5)
+    plain, values = _gzip_values(rng)
+    buf = bytearray(b"".join(values[:5]))
+    offs = np.cumsum([0] + [len(v) for v in values[:4]])
+    rows = [[0, o, len(v)] for o, v in zip(offs.tolist(), values[:5])]
+    for clean in (rows[:4] + [[-1, 0, 0], rows[1]], rows[:2] + [[-1, 0, 0]] + rows[3:5] + [rows[2]]):
+        src = np.array(clean, np.int64)
+        want = [None if k < 0 else zlib.decompress(bytes(buf[o:o + n]), wbits=31) for k, o, n in clean]
+        for part_bytes in (1, 6000, 1 << 20):
+            monkeypatch.setattr(batched, "INFLATED_PART_BYTES", part_bytes)
+            got = [None] * len(src)
+            covered = []
+            for part, blobs, part_src in read.inflated(np.arange(len(src)), [buf], src):
+                covered += list(range(len(src)))[part]
+                for j, (k, o, n) in zip(range(len(src))[part], part_src.tolist()):
+                    got[j] = None if k < 0 else bytes(blobs[k][o:o + n])
+            assert covered == list(range(len(src)))
+            assert got == want, (part_bytes, clean)
+    # one value damaged in its deflate data: named by its chunk, whichever inflater saw it first
+    bad = bytearray(values[2])
+    bad[len(bad) // 2] ^= 0xFF
+    buf2 = bytearray(values[0]) + bad
+    src = np.array([[0, 0, len(values[0])], [0, len(values[0]), len(bad)]], np.int64)
+    with pytest.raises(CorruptChunkError, match=r"cell \(1, 0, 0\).*key 1.*gzip data is corrupt"):
+        list(read.inflated(np.arange(2), [buf2], src))
+    assert sharding.decode_gzip is batched.decode_gzip
