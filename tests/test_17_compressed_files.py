@@ -125,6 +125,16 @@ def test_plain_volume_pays_no_extra_system_call_per_chunk(tmp_path, monkeypatch)
         return real_read_files(paths, *args)
 
     monkeypatch.setattr(local, "read_files", counting_read_files)
+    # or handed to the extension that reads and decodes them in one call
+    real_files = LocalStore.files
+
+    def counting_files(self, keys):
+        run = real_files(self, keys)
+        if run is not None:
+            opened.extend(keys)
+        return run
+
+    monkeypatch.setattr(LocalStore, "files", counting_files)
     got = Volume.open(str(tmp_path / "plain")).scale(0).read()
     expected = data.copy()
     expected[16:32, 16:32, 16:32] = 0

@@ -289,3 +289,253 @@ def test_unsharded_grids_past_64_bit_keys_are_refused(tmp_path):
     scale = Volume.open(str(tmp_path), info=_huge_info([2**22, 2**22, 2**21])).scale(0)
     with pytest.raises(PrecomputedError, match="more than unsharded keys"):
         scale.read((slice(0, 1), slice(0, 1), slice(2**21 - 1, 2**21)))
+
+
+# -- chunk files read and decoded in one call: storage's C reader handed to the extension
+# (`Store.files`, `_chunk_batch.read_decode`), against the file bytes decoded by decode_chunks
+
+FUSED = batched._batch is not None and local.FILE_READER is not None
+
+
+def _fused_volume(tmp_path, encoding, dtype, channels):
+    data = make_data((20, 12, 9, channels), dtype, seed=5, labels=encoding != "raw")
+    path = write_volume(tmp_path / "v", data, chunk_size=(8, 6, 4), encoding=encoding)
+    return path, Volume.open(str(path)).scale(0), data
+
+
+def _decoded_by_python(r, paths, geom, out_shape, dtype, limit):
+    """What read_decode must write: each file read here and decoded by decode_chunks."""
+    want = np.zeros(out_shape, dtype, order="F")
+    for i, p in enumerate(paths):
+        if not os.path.isfile(p) or os.path.getsize(p) > limit:
+            continue
+        blob = open(p, "rb").read()
+        batched._batch.decode_chunks(want, batched.kind_of(r), np.dtype(dtype).name, _block(r),
+                                     want.shape[3], [blob], np.array([[0, 0, len(blob)]], np.int64),
+                                     geom[i:i + 1], False, limit, False, np.empty(0, np.uint8))
+    return want
+
+
+def _block(r):
+    b = r.scale_info.compressed_segmentation_block_size
+    return tuple(b) if b else (1, 1, 1)
+
+
+@pytest.mark.skipif(not FUSED, reason="extensions not built")
+@pytest.mark.parametrize("encoding,dtype,channels", [("raw", np.uint16, 2), ("raw", np.uint8, 1),
+                                                     ("compressed_segmentation", np.uint64, 1)])
+def test_read_decode_reads_each_file_as_decode_chunks_decodes_it(tmp_path, encoding, dtype, channels):
+    """A box's chunk files, some absent, one a directory, one too large, one past the buffer:
+    each read one decodes as decode_chunks decodes its bytes (and as TensorStore wrote it), each
+    other is left to the caller with read_files' code for it."""
+    path, r, data = _fused_volume(tmp_path, encoding, dtype, channels)
+    box = (slice(3, 19), slice(1, 12), slice(2, 9))
+    cells, geom = batched.box_geometry(box, r.chunk_size, r.scale_info.size)
+    keys = r.chunk_keys(cells)
+    run = r.kv.files(keys)
+    assert run is not None and len(run.paths) == len(cells)
+    sizes = [os.path.getsize(p) for p in run.paths]
+    os.unlink(run.paths[1])
+    os.unlink(run.paths[2])
+    os.mkdir(run.paths[2])
+    big = int(np.argmax(sizes))
+    limit = sizes[big] - 1  # the largest file is too large
+    sizes[1] = sizes[2] = -1
+    out = np.zeros((16, 11, 7, channels), dtype, order="F")
+    for cap in (max(sizes) + 1, sorted(sizes)[-3]):  # every file fits; the largest ones do not
+        out[...] = 0
+        result = np.full((len(cells), 3), 9, np.int64)
+        batched._batch.read_decode(out, batched.kind_of(r), np.dtype(dtype).name, _block(r),
+                                   channels, run.reader, run.paths, geom, limit, False,
+                                   np.zeros(cap, np.uint8), result)
+        codes = result[:, 0].tolist()
+        for i, p in enumerate(run.paths):
+            want = np.zeros(3, np.int64)
+            fileread_fallback.read_files([p], np.zeros(cap, np.uint8), np.zeros(2, np.int64),
+                                         np.zeros((0, 2), np.int64), None, limit, want)
+            assert result[i].tolist() == want.tolist(), (i, cap)
+        assert codes[1] == codes[2] == ABSENT and codes[big] == TOO_LARGE
+        if cap <= max(s for s in sizes if s <= limit):
+            assert fileread_fallback.RF_LATER in codes
+        done = [p if c >= 0 else "" for p, c in zip(run.paths, codes)]
+        want = _decoded_by_python(r, done, geom, out.shape, dtype, limit)
+        np.testing.assert_array_equal(out, want)
+        # and what was decoded is what TensorStore wrote there
+        for i, c in enumerate(codes):
+            if c >= 0:
+                G = batched.GEOM
+                g = geom[i]
+                d = [slice(g[G.dest + a], g[G.dest + a] + g[G.extent + a]) for a in range(3)]
+                src = [slice(box[a].start + g[G.dest + a],
+                             box[a].start + g[G.dest + a] + g[G.extent + a]) for a in range(3)]
+                np.testing.assert_array_equal(out[tuple(d)], data[tuple(src)])
+    run.done(result[:, 0])
+
+
+@pytest.mark.skipif(not FUSED, reason="extensions not built")
+def test_read_decode_names_a_bad_file_and_checks_its_arguments(tmp_path):
+    path, r, data = _fused_volume(tmp_path, "raw", np.uint16, 2)
+    cells, geom = batched.box_geometry((slice(0, 20), slice(0, 12), slice(0, 9)), r.chunk_size,
+                                       r.scale_info.size)
+    run = r.kv.files(r.chunk_keys(cells))
+    out = np.zeros((20, 12, 9, 2), np.uint16)
+    kind, buf, res = batched.kind_of(r), np.zeros(1 << 16, np.uint8), np.zeros((len(cells), 3), np.int64)
+
+    def call(**kw):
+        a = dict(out=out, kind=kind, dtype="uint16", block=(1, 1, 1), channels=2, reader=run.reader,
+                 paths=run.paths, geom=geom, limit=1 << 20, stream=False, buffer=buf, result=res)
+        a.update(kw)
+        batched._batch.read_decode(*a.values())
+
+    call()
+    np.testing.assert_array_equal(out, data)
+    # a truncated file: its position in the batch, and the decoder's words
+    victim = 5
+    with open(run.paths[victim], "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(batched._batch.ChunkDataError) as e:
+        call()
+    assert e.value.args[0] == victim and "raw chunk is 10 bytes" in e.value.args[1]
+    # geometry outside out, a result of the wrong size, another capsule: refused before reading
+    bad = geom.copy()
+    bad[0, batched.GEOM.dest] = 19
+    with pytest.raises(ValueError, match="outside out"):
+        call(geom=bad)
+    with pytest.raises(ValueError, match="result"):
+        call(result=np.zeros((len(cells) - 1, 3), np.int64))
+    import datetime
+    for other in (datetime.datetime_CAPI, object()):
+        with pytest.raises(ValueError, match="PyCapsule"):
+            call(reader=other)
+    # an OS failure other than absence: OSError naming the file
+    long_name = str(tmp_path / ("x" * 5000))
+    with pytest.raises(OSError) as e:
+        call(paths=[long_name] + run.paths[1:])
+    assert "x" * 100 in str(e.value.filename)
+
+
+@pytest.mark.skipif(not FUSED, reason="extensions not built")
+@pytest.mark.parametrize("fill_missing", [True, False])
+def test_whole_reads_through_read_decode_follow_the_missing_rule_and_name_bad_files(
+        tmp_path, monkeypatch, fill_missing):
+    """Whole-volume reads take read_decode (checked), give TensorStore's values in both memory
+    orders, read absent chunk files as 0 (or raise naming the chunk), and name a chunk file too
+    large or cut short."""
+    from xarray_precomputed.errors import CorruptChunkError, MissingChunkError
+
+    path, r, data = _fused_volume(tmp_path, "raw", np.uint16, 2)
+    calls = []
+    read_files = batched._Read.read_files
+
+    def spy(self, *a, **kw):
+        left = read_files(self, *a, **kw)
+        calls.append(None if left is None else len(left))
+        return left
+
+    monkeypatch.setattr(batched._Read, "read_files", spy)
+    for order in ("C", "F"):
+        np.testing.assert_array_equal(Volume.open(str(path)).scale(0).read(order=order), data)
+    assert calls and all(c == 0 for c in calls), calls
+    d = scale_dir(path)
+    absent = sorted(d.iterdir())[3]
+    absent.unlink()
+    want = data.copy()
+    s = [int(v) for part in absent.name.split("_") for v in part.split("-")]
+    want[s[0]:s[1], s[2]:s[3], s[4]:s[5]] = 0
+    v = Volume.open(str(path), fill_missing=fill_missing).scale(0)
+    if fill_missing:
+        for order in ("C", "F"):
+            np.testing.assert_array_equal(v.read(order=order), want)
+    else:
+        with pytest.raises(MissingChunkError, match=absent.name):
+            v.read()
+    short = sorted(d.iterdir())[0]
+    short.write_bytes(short.read_bytes()[:-2])
+    with pytest.raises(CorruptChunkError, match=short.name):
+        Volume.open(str(path)).scale(0).read()
+    short.write_bytes(b"\0" * (r.max_stored_bytes + 1))
+    with pytest.raises(CorruptChunkError, match=short.name):
+        Volume.open(str(path)).scale(0).read()
+
+
+# -- gzip values of a batch inflated by libdeflate in one comprehension, where decode_gzip would
+# hand each to it as it is; the rest one by one through decode_gzip: zlib is the oracle
+
+def _gzip_values(rng):
+    import gzip
+    import struct
+    import zlib
+    plain = [rng.integers(0, 4, int(n), dtype=np.uint8).tobytes() for n in (5000, 1, 70000, 300)]
+    values = [gzip.compress(p, mtime=0) for p in plain]
+    # a member with a header CRC (FHCRC): valid, but libdeflate does not check it
+    head = bytearray(values[0][:10])
+    head[3] |= 0x02
+    crc = struct.pack("<H", zlib.crc32(bytes(head)) & 0xFFFF)
+    values.append(bytes(head) + crc + values[0][10:])
+    plain.append(plain[0])
+    return plain, values
+
+
+def test_gzip_stated_sizes_pick_what_decode_gzip_hands_to_libdeflate():
+    from xarray_precomputed.format import sharding
+
+    rng = np.random.default_rng(3)
+    plain, values = _gzip_values(rng)
+    lying = values[0][:-4] + (10 ** 6).to_bytes(4, "little")  # states more than it holds
+    values = [*values, lying, b"not gzip at all, but long enough", values[2][:12]]
+    buf = b"".join(values)
+    offs = np.cumsum([0] + [len(v) for v in values[:-1]])
+    lens = np.array([len(v) for v in values])
+    got = sharding.gzip_stated_sizes(buf, offs, lens, limit=60000)
+    if sharding.gunzip_stated is None:
+        assert (got == -1).all()
+        return
+    # the 70000-byte value states more than the limit; the header-CRC one goes to zlib; the lying
+    # one states 10^6, more than 1040 times its size
+    assert got.tolist() == [5000, 1, -1, 300, -1, -1, -1, -1]
+    assert sharding.gzip_stated_sizes(buf, offs, lens, limit=10 ** 7).tolist()[:3] == [5000, 1, 70000]
+
+
+@pytest.mark.parametrize("libdeflate", [True, False])
+def test_a_batch_of_gzip_values_inflates_as_zlib_does(tmp_path, monkeypatch, libdeflate):
+    """Values libdeflate takes as they are, mixed with ones it is not handed (a header CRC) and
+    absent ones, in parts of any size; a damaged value names its chunk."""
+    import zlib
+
+    from xarray_precomputed.errors import CorruptChunkError
+    from xarray_precomputed.format import sharding
+
+    if not libdeflate:
+        monkeypatch.setattr(batched, "gunzip_stated", None)
+    data = make_data((16, 16, 16, 1), np.uint16, seed=1)
+    path = write_volume(tmp_path / "g", data, chunk_size=(8, 8, 8), sharding=SHARD_ID_RAW_GZIP)
+    r = Volume.open(str(path)).scale(0)
+    cells = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 0, 1]], np.int64)
+    width = batched.GEOM.columns if batched.GEOM is not None else 3  # (no rows without the extension)
+    read = batched._Read(r, cells, np.zeros((len(cells), width), np.int64))
+    rng = np.random.default_rng(5)
+    plain, values = _gzip_values(rng)
+    buf = bytearray(b"".join(values[:5]))
+    offs = np.cumsum([0] + [len(v) for v in values[:4]])
+    rows = [[0, o, len(v)] for o, v in zip(offs.tolist(), values[:5])]
+    for clean in (rows[:4] + [[-1, 0, 0], rows[1]], rows[:2] + [[-1, 0, 0]] + rows[3:5] + [rows[2]]):
+        src = np.array(clean, np.int64)
+        want = [None if k < 0 else zlib.decompress(bytes(buf[o:o + n]), wbits=31) for k, o, n in clean]
+        for part_bytes in (1, 6000, 1 << 20):
+            monkeypatch.setattr(batched, "INFLATED_PART_BYTES", part_bytes)
+            got = [None] * len(src)
+            covered = []
+            for part, blobs, part_src in read.inflated(np.arange(len(src)), [buf], src):
+                covered += list(range(len(src)))[part]
+                for j, (k, o, n) in zip(range(len(src))[part], part_src.tolist()):
+                    got[j] = None if k < 0 else bytes(blobs[k][o:o + n])
+            assert covered == list(range(len(src)))
+            assert got == want, (part_bytes, clean)
+    # one value damaged in its deflate data: named by its chunk, whichever inflater saw it first
+    bad = bytearray(values[2])
+    bad[len(bad) // 2] ^= 0xFF
+    buf2 = bytearray(values[0]) + bad
+    src = np.array([[0, 0, len(values[0])], [0, len(values[0]), len(bad)]], np.int64)
+    with pytest.raises(CorruptChunkError, match=r"cell \(1, 0, 0\).*key 1.*gzip data is corrupt"):
+        list(read.inflated(np.arange(2), [buf2], src))
+    assert sharding.decode_gzip is batched.decode_gzip

@@ -370,7 +370,7 @@ def _wrap_decoders(monkeypatch, around):
 
         monkeypatch.setattr(batched, "_batch", types.SimpleNamespace(
             ChunkDataError=native.ChunkDataError, HAVE_ZLIB=native.HAVE_ZLIB,
-            decode_chunks=wrap(native.decode_chunks)))
+            decode_chunks=wrap(native.decode_chunks), read_decode=wrap(native.read_decode)))
 
 
 def _decoding_threads(monkeypatch):

@@ -200,6 +200,35 @@ def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray
     return out
 
 
+# decode_gzip's first choice, for a caller inflating many values itself (gzip_stated_sizes says
+# which): libdeflate's gzip inflater, None without the `deflate` package; and its error.
+gunzip_stated = _deflate.gzip_decompress if _deflate is not None else None
+GunzipError: type[Exception] = _deflate.DeflateError if _deflate is not None else ValueError
+
+
+def gzip_stated_sizes(buf, offsets: np.ndarray, lengths: np.ndarray, limit: int) -> np.ndarray:
+    """Per gzip value `buf[offsets[i]:offsets[i] + lengths[i]]` (all inside `buf`), the size its
+    trailer states where `decode_gzip` would hand it to libdeflate as it is (a gzip member with
+    no header CRC, stating at most `limit` bytes and at most MAX_DEFLATE_RATIO times its own
+    size), else -1. Many values are checked in a few numpy passes; each such value then goes to
+    `gunzip_stated`, and on its error to decode_gzip, which decides."""
+    a = np.frombuffer(buf, np.uint8)
+    offs = np.asarray(offsets, np.int64)
+    lens = np.asarray(lengths, np.int64)
+    out = np.full(len(offs), -1, np.int64)
+    if _deflate is None or not len(offs):
+        return out
+    ok = np.flatnonzero((lens >= 18) & (offs >= 0) & (offs <= len(a) - lens))
+    o, n = offs[ok], lens[ok]
+    end = o + n
+    stated = a[end - 4].astype(np.int64) | a[end - 3].astype(np.int64) << 8 | \
+        a[end - 2].astype(np.int64) << 16 | a[end - 1].astype(np.int64) << 24
+    good = (a[o] == 0x1F) & (a[o + 1] == 0x8B) & (a[o + 3] & 0x02 == 0) & (stated <= limit) & \
+        (stated <= MAX_DEFLATE_RATIO * n)
+    out[ok[good]] = stated[good]
+    return out
+
+
 @dataclass(frozen=True)
 class MinishardIndex:
     ids: np.ndarray     # sorted uint64 chunk ids

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..storage.base import Located, located
+from ..storage.base import FileRun, Located, located
 
 
 class KeyValue(ABC):
@@ -31,6 +31,11 @@ class KeyValue(ABC):
         layout may ignore (the values are then whole). `inflate=False` lets values a layout
         stores gzip-compressed come as they are (`Located.gzip`)."""
         return located(self.get_many(keys))
+
+    def files(self, keys: np.ndarray) -> FileRun | None:
+        """The values of `keys` as local files for a C reader (`Store.files`), where each key
+        is a file of its own; else None."""
+        return None
 
     def partition_of(self, keys: np.ndarray) -> np.ndarray:
         """The partition (see `partitions`) holding each key, as int64: a read groups its keys

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..storage import Store
-from ..storage.base import Located
+from ..storage.base import FileRun, Located
 from .base import KeyValue
 
 
@@ -49,6 +49,9 @@ class UnshardedKeyValue(KeyValue):
         keys = np.asarray(keys, np.uint64).reshape(-1)
         return self.store.read_batch(self._keys(keys), limit=self.max_value_bytes,
                                      buffer=buffer, spans=spans, dests=dests)
+
+    def files(self, keys: np.ndarray) -> FileRun | None:
+        return self.store.files(self._keys(np.asarray(keys, np.uint64).reshape(-1)))
 
     def describe(self, key: int) -> str:
         return self.store.describe(self._key(key))

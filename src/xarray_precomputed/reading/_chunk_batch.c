@@ -19,6 +19,16 @@
  * dest channel]: out[dest + i, dest channel + c] = chunk voxel origin + i of channel c, for
  * i < extent and c < channels (the chunk's channel count).
  *
+ * read_decode(out, kind, dtype_name, block, channels, reader, files, geom, max_bytes, stream,
+ *             buffer, result)
+ *     Chunk files read and decoded in one section with the GIL released: storage's reader
+ *     (`reader`, the capsule storage._fileread.FILE_READER, and `files`, the store's handle on
+ *     them: this file still opens none itself) reads each whole into `buffer`, and it is decoded
+ *     into its geometry row's region before the next is read (while it is in cache). result:
+ *     int64 (n, 3) written here, as the reader's rows (file_reader.h): row[0] 0 for a chunk
+ *     decoded, else the reader's code for one left untouched (absent, too large, ...), which the
+ *     caller reads its own way. An OS failure raises OSError naming the file.
+ *
  * Every geometry row is checked against `out` and its chunk shape before any byte is written;
  * every chunk's bytes are checked by its decoder. Bad bytes raise ChunkDataError(index, message)
  * (the caller names the chunk); nothing is read or written out of bounds, whatever the bytes.
@@ -28,6 +38,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +49,7 @@
 
 #include "cseg_decode.h"
 #include "fortran_copy.h"
+#include "../storage/file_reader.h"
 
 /* The decoders a batch can name, and the columns of a geometry row: their one definition. The
  * module exports each as an integer constant (KIND_RAW, GEOM_DEST, ...) and Python builds rows and
@@ -515,7 +527,111 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ read_decode */
+
+static PyObject *read_decode(PyObject *self, PyObject *args)
+{
+    PyObject *out_obj, *block, *reader, *paths, *geom_obj;
+    int kind, stream;
+    const char *dtype_name;
+    unsigned long long max_bytes;
+    Py_ssize_t channels;
+    Py_buffer buffer, result;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OisOnOOOKpw*w*", &out_obj, &kind, &dtype_name, &block, &channels,
+                          &reader, &paths, &geom_obj, &max_bytes, &stream, &buffer, &result))
+        return NULL;
+    batch B;
+    PyArrayObject *geom = NULL;
+    xp_files *files = NULL;
+    PyObject *ret = NULL;
+    const xp_file_reader *api =
+        (const xp_file_reader *)PyCapsule_GetPointer(reader, XP_FILE_READER_CAPSULE);
+    /* the buffer is the reader's; inflating is never needed here (no gzip), so no scratch */
+    Py_buffer none;
+    memset(&none, 0, sizeof none);
+    memset(&B, 0, sizeof B);
+    if (api == NULL)
+        goto done;
+    if (api->version != XP_FILE_READER_VERSION) {
+        PyErr_SetString(PyExc_ValueError, "reader: a file reader of another version");
+        goto done;
+    }
+    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &none) < 0)
+        goto done;
+    if ((files = api->open(paths)) == NULL)
+        goto done;
+    npy_intp n = api->count(files);
+    if ((geom = rows(geom_obj, GEOM, "geom")) == NULL)
+        goto done;
+    if (PyArray_DIM(geom, 0) != n) {
+        PyErr_SetString(PyExc_ValueError, "files and geom must have as many rows");
+        goto done;
+    }
+    if (result.len != (Py_ssize_t)(3 * n * (npy_intp)sizeof(long long)) ||
+        (uintptr_t)result.buf % sizeof(long long)) {
+        PyErr_SetString(PyExc_ValueError, "result must be an aligned int64 array of (n, 3)");
+        goto done;
+    }
+    if (check_geom(&B, (PyArrayObject *)out_obj, (const int64_t *)PyArray_DATA(geom), n) < 0)
+        goto done;
+    {
+        const int64_t *Gm = (const int64_t *)PyArray_DATA(geom);
+        long long *R = (long long *)result.buf;
+        char *buf = (char *)buffer.buf;
+        long long cap = (long long)buffer.len;
+        long long limit = max_bytes > (unsigned long long)LLONG_MAX ? LLONG_MAX : (long long)max_bytes;
+        char msg[MSG];
+        npy_intp bad = -1, failed = -1;
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (npy_intp i = 0; i < n; i++) {
+            long long *row = R + 3 * i;
+            if (api->read(files, i, buf, cap, limit, row, &err) < 0) {
+                failed = i;
+                break;
+            }
+            if (row[0] < 0)
+                continue; /* the caller's to read */
+            if (decode_one(&B, Gm + GEOM * i, (const unsigned char *)buf, (uint64_t)row[1],
+                           msg) < 0) {
+                bad = i;
+                break;
+            }
+        }
+        finish(&B);
+        Py_END_ALLOW_THREADS
+        if (failed >= 0) {
+            api->fail(files, failed, err);
+            goto done;
+        }
+        if (B.oom) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (bad >= 0) {
+            data_error(bad, msg);
+            goto done;
+        }
+    }
+    Py_INCREF(Py_None);
+    ret = Py_None;
+done:
+    if (files != NULL)
+        api->close(files);
+    Py_XDECREF(geom);
+    if (B.owned)
+        free(B.scratch);
+    PyBuffer_Release(&buffer);
+    PyBuffer_Release(&result);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"read_decode", read_decode, METH_VARARGS,
+     "read_decode(out, kind, dtype_name, block, channels, reader, files, geom, max_bytes, stream, "
+     "buffer, result): chunk files read by storage's reader and decoded into their regions of "
+     "out, GIL released once; see the source."},
     {"decode_chunks", decode_chunks, METH_VARARGS,
      "decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes, "
      "stream, "

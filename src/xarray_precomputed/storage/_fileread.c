@@ -6,11 +6,16 @@
  * POSIX: open / fstat / pread. Windows (_WIN32): CreateFileW on the wide path /
  * GetFileInformationByHandle / ReadFile, with the Win32 error mapped to the errno the POSIX
  * branch would see, so both report absent files and failures alike.
+ *
+ * FILE_READER: the same reader as C functions in a capsule (file_reader.h), for an extension
+ * that reads each chunk file and decodes it with the GIL released once for the lot.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <string.h>
+
+#include "file_reader.h"
 
 #ifdef _WIN32
 #ifndef WIN32_LEAN_AND_MEAN
@@ -191,8 +196,8 @@ static PyObject *read_file(PyObject *self, PyObject *args)
  *     RF_ODD (not a regular file), RF_CHANGED (shorter than its size when read).
  *   Any other failure raises OSError naming the path.
  */
-enum { RF_ABSENT = -1, RF_PLACED = -2, RF_TOO_LARGE = -3, RF_LATER = -4, RF_ODD = -5,
-       RF_CHANGED = -6 };
+enum { RF_ABSENT = XP_RF_ABSENT, RF_PLACED = XP_RF_PLACED, RF_TOO_LARGE = XP_RF_TOO_LARGE,
+       RF_LATER = XP_RF_LATER, RF_ODD = XP_RF_ODD, RF_CHANGED = XP_RF_CHANGED };
 
 #ifdef _WIN32
 typedef HANDLE rf_file;
@@ -367,9 +372,130 @@ static int rf_one(rf_file f, long long size, const long long *sp, long long nsp,
     return 0;
 }
 
+/* ------------------------------------------------------------------ the C hand-off
+ * (file_reader.h): a list of paths encoded once with the GIL held, then its files read one by one
+ * without it, by read_files here or by another extension through the capsule FILE_READER. */
+struct xp_files {
+    Py_ssize_t n;
+    PyObject *fast; /* the paths as given: an error names one */
+    PyObject **enc; /* each encoded: bytes (POSIX), str (Windows) */
+#ifdef _WIN32
+    wchar_t **wide;
+#endif
+};
+
+static void files_close(xp_files *F)
+{
+    if (F == NULL)
+        return;
+    for (Py_ssize_t k = 0; k < F->n; k++) {
+        if (F->enc != NULL)
+            Py_XDECREF(F->enc[k]);
+#ifdef _WIN32
+        if (F->wide != NULL && F->wide[k] != NULL)
+            PyMem_Free(F->wide[k]);
+#endif
+    }
+    PyMem_Free(F->enc);
+#ifdef _WIN32
+    PyMem_Free(F->wide);
+#endif
+    Py_XDECREF(F->fast);
+    PyMem_Free(F);
+}
+
+static xp_files *files_open(PyObject *paths)
+{
+    xp_files *F = (xp_files *)PyMem_Calloc(1, sizeof *F);
+    if (F == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if ((F->fast = PySequence_Fast(paths, "paths must be a sequence")) == NULL) {
+        files_close(F);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(F->fast);
+    F->enc = (PyObject **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+#ifdef _WIN32
+    F->wide = (wchar_t **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(wchar_t *));
+    if (F->wide == NULL) {
+        PyErr_NoMemory();
+        files_close(F);
+        return NULL;
+    }
+#endif
+    if (F->enc == NULL) {
+        PyErr_NoMemory();
+        files_close(F);
+        return NULL;
+    }
+    F->n = n; /* entries not yet encoded are NULL: files_close skips them */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(F->fast, k);
+#ifdef _WIN32
+        if (!PyUnicode_FSDecoder(p, &F->enc[k]) ||
+            (F->wide[k] = PyUnicode_AsWideCharString(F->enc[k], NULL)) == NULL) {
+#else
+        if (!PyUnicode_FSConverter(p, &F->enc[k])) {
+#endif
+            files_close(F);
+            return NULL;
+        }
+    }
+    return F;
+}
+
+static Py_ssize_t files_count(const xp_files *F) { return F->n; }
+
+static rf_file files_at(const xp_files *F, Py_ssize_t i, int *err, int *absent)
+{
+#ifdef _WIN32
+    return rf_open(F->wide[i], err, absent);
+#else
+    return rf_open(PyBytes_AS_STRING(F->enc[i]), err, absent);
+#endif
+}
+
+/* file_reader.h's `read`: file i whole into buf (no GIL). */
+static int files_read(const xp_files *F, Py_ssize_t i, char *buf, long long cap, long long limit,
+                      long long row[3], int *err)
+{
+    row[0] = RF_ABSENT, row[1] = 0, row[2] = -1;
+    if (i < 0 || i >= F->n) {
+        *err = EINVAL;
+        return -1;
+    }
+    int absent = 0;
+    rf_file f = files_at(F, i, err, &absent);
+    if (f == RF_NONE)
+        return absent ? 0 : -1;
+    long long size = rf_size(f, err);
+    if (size == -1 || size == -2 || size == -3) {
+        rf_close(f);
+        if (size == -1)
+            return -1;
+        row[0] = size == -2 ? RF_ABSENT : RF_ODD;
+        return 0;
+    }
+    long long used = 0;
+    int rc = rf_one(f, size, NULL, 0, NULL, buf, cap < 0 ? 0 : cap, &used, limit, row, err);
+    rf_close(f);
+    return rc;
+}
+
+static void files_fail(const xp_files *F, Py_ssize_t i, int err)
+{
+    errno = err;
+    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PySequence_Fast_GET_ITEM(F->fast, i));
+}
+
+static const xp_file_reader file_reader = {XP_FILE_READER_VERSION, files_open, files_count,
+                                           files_read, files_fail, files_close};
+
 static PyObject *read_files(PyObject *self, PyObject *args)
 {
-    PyObject *paths, *dests, *fast = NULL, *dfast = NULL, *result_obj = NULL;
+    PyObject *paths, *dests, *dfast = NULL, *result_obj = NULL;
     Py_buffer buf, first, spans, result;
     long long limit;
     (void)self;
@@ -378,15 +504,11 @@ static PyObject *read_files(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t n = 0, held = 0;
     Py_buffer *dv = NULL;
-    PyObject **enc = NULL; /* the encoded paths (bytes, or str on Windows) */
-#ifdef _WIN32
-    wchar_t **wide = NULL;
-#endif
-    fast = PySequence_Fast(paths, "paths must be a sequence");
-    if (fast == NULL)
+    xp_files *F = files_open(paths);
+    if (F == NULL)
         goto done;
-    n = PySequence_Fast_GET_SIZE(fast);
-    const long long *F = (const long long *)first.buf, *S = (const long long *)spans.buf;
+    n = F->n;
+    const long long *Fi = (const long long *)first.buf, *S = (const long long *)spans.buf;
     long long *R = (long long *)result.buf;
     long long m = (long long)(spans.len / (Py_ssize_t)(2 * sizeof(long long)));
     if (first.len != (Py_ssize_t)((n + 1) * sizeof(long long)) ||
@@ -396,7 +518,7 @@ static PyObject *read_files(PyObject *self, PyObject *args)
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (F[i] < 0 || F[i + 1] < F[i] || F[i + 1] > m) {
+        if (Fi[i] < 0 || Fi[i + 1] < Fi[i] || Fi[i + 1] > m) {
             PyErr_SetString(PyExc_ValueError, "first must rise within spans");
             goto done;
         }
@@ -410,29 +532,11 @@ static PyObject *read_files(PyObject *self, PyObject *args)
         }
     }
     dv = (Py_buffer *)PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    enc = (PyObject **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
-#ifdef _WIN32
-    wide = (wchar_t **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(wchar_t *));
-    if (wide == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-#endif
-    if (dv == NULL || enc == NULL) {
+    if (dv == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (; held < n; held++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(fast, held);
-#ifdef _WIN32
-        if (!PyUnicode_FSDecoder(p, &enc[held]))
-            goto done;
-        if ((wide[held] = PyUnicode_AsWideCharString(enc[held], NULL)) == NULL)
-            goto done;
-#else
-        if (!PyUnicode_FSConverter(p, &enc[held]))
-            goto done;
-#endif
         PyObject *d = dfast ? PySequence_Fast_GET_ITEM(dfast, held) : Py_None;
         if (d != Py_None && PyObject_GetBuffer(d, &dv[held], PyBUF_WRITABLE) < 0)
             goto done;
@@ -450,11 +554,7 @@ static PyObject *read_files(PyObject *self, PyObject *args)
                 continue;
             }
             int absent = 0;
-#ifdef _WIN32
-            rf_file f = rf_open(wide[i], &err, &absent);
-#else
-            rf_file f = rf_open(PyBytes_AS_STRING(enc[i]), &err, &absent);
-#endif
+            rf_file f = files_at(F, i, &err, &absent);
             if (f == RF_NONE) {
                 if (absent)
                     continue;
@@ -471,7 +571,7 @@ static PyObject *read_files(PyObject *self, PyObject *args)
                 row[0] = size == -2 ? RF_ABSENT : RF_ODD;
                 continue;
             }
-            int rc = rf_one(f, size, S + 2 * F[i], F[i + 1] - F[i], dv[i].obj ? &dv[i] : NULL,
+            int rc = rf_one(f, size, S + 2 * Fi[i], Fi[i + 1] - Fi[i], dv[i].obj ? &dv[i] : NULL,
                             (char *)buf.buf, (long long)buf.len, &used, limit, row, &err);
             rf_close(f);
             if (rc < 0) {
@@ -481,30 +581,18 @@ static PyObject *read_files(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
         if (failed >= 0) {
-            errno = err;
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError,
-                                                 PySequence_Fast_GET_ITEM(fast, failed));
+            files_fail(F, failed, err);
             goto done;
         }
     }
     Py_INCREF(Py_None);
     result_obj = Py_None;
 done:
-    for (Py_ssize_t k = 0; k < n && dv != NULL && enc != NULL; k++) {
+    for (Py_ssize_t k = 0; k < held && dv != NULL; k++)
         if (dv[k].obj)
             PyBuffer_Release(&dv[k]);
-        Py_XDECREF(enc[k]);
-#ifdef _WIN32
-        if (wide != NULL && wide[k] != NULL)
-            PyMem_Free(wide[k]);
-#endif
-    }
-#ifdef _WIN32
-    PyMem_Free(wide);
-#endif
     PyMem_Free(dv);
-    PyMem_Free(enc);
-    Py_XDECREF(fast);
+    files_close(F);
     Py_XDECREF(dfast);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&first);
@@ -527,6 +615,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fileread", NULL, -1
 PyMODINIT_FUNC PyInit__fileread(void)
 {
     PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    /* the reader's C functions, for extensions that read and decode in one GIL release */
+    PyObject *cap = PyCapsule_New((void *)&file_reader, XP_FILE_READER_CAPSULE, NULL);
+    if (cap == NULL || PyModule_AddObject(m, "FILE_READER", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
 #ifdef Py_GIL_DISABLED
     /* no state shared between calls: safe without the GIL (free-threaded CPython) */
     if (m != NULL)

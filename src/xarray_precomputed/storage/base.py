@@ -91,6 +91,21 @@ def located(blobs: Sequence[Any]) -> Located:
     return Located(sources, rows)
 
 
+class FileRun(NamedTuple):
+    """Values stored one per local file, handed to an extension that reads and decodes each in
+    one GIL release (`Store.files`): `reader` is storage's C file reader (a capsule, described in
+    storage/file_reader.h) and `paths` the files it reads. Afterwards `done(codes)` takes the
+    reader's first result column (>= 0 read; else a code) and says which values are still to be
+    read (`read_batch`: too large, not plain files, perhaps stored compressed); the others with
+    code ABSENT are absent. `failure(e)` gives the store's error for an OSError the reader
+    raised."""
+
+    reader: Any
+    paths: list
+    done: Callable[[np.ndarray], np.ndarray]
+    failure: Callable[[OSError], Exception]
+
+
 class Store(ABC):
     """Read and write access to the keys under one dataset root (a folder, a URL prefix).
 
@@ -144,6 +159,11 @@ class Store(ABC):
         or None: a whole value of exactly its size may be read straight into it (PLACED). A
         local file larger than `limit` is not read (TOO_LARGE)."""
         return located(self.read_many(keys, limit=limit))
+
+    def files(self, keys: Sequence[str]) -> FileRun | None:
+        """`keys` as local files for a C reader (`FileRun`), or None: a store that has none, or
+        values it reads its own way (compressed beside their names)."""
+        return None
 
     def read_with(self, key: str, consume: Callable[[Any], Any], *,
                   limit: int | None = None) -> Any:

@@ -1,6 +1,7 @@
 """The Python file reads (`read_file`, and `read_files` for many), used where the C extension
 (`_fileread.c`) is not built or `XARRAY_PRECOMPUTED_PURE=1` forces the fallbacks: the same
-functions, results and errors."""
+functions, results and errors. The C reader's capsule (`FILE_READER`, for an extension that decodes
+each file as it reads it) has no counterpart here: without it a reader takes `read_files`."""
 
 from __future__ import annotations
 

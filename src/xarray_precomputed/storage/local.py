@@ -16,7 +16,7 @@ import numpy as np
 from .._native import load
 from ..errors import CorruptChunkError, PermissionDeniedError, StorageError
 from . import fileread_fallback
-from .base import ABSENT, PLACED, TOO_LARGE, Located, Store, coalesce, split_merged
+from .base import ABSENT, PLACED, TOO_LARGE, FileRun, Located, Store, coalesce, split_merged
 from .encodings import SUFFIXES, decode
 
 # One call that releases the GIL once per file (or per batch of files), or the exact Python
@@ -24,6 +24,9 @@ from .encodings import SUFFIXES, decode
 _reader = load("xarray_precomputed.storage._fileread") or fileread_fallback
 read_file = _reader.read_file
 read_files = _reader.read_files
+# The same reader as C functions, for an extension that decodes each file as it is read
+# (`LocalStore.files`); None with the Python fallbacks.
+FILE_READER = getattr(_reader, "FILE_READER", None)
 _NO_SPANS = np.zeros((0, 2), np.int64)
 
 # Ranges closer than this are fetched as one read and split afterwards.
@@ -283,6 +286,30 @@ class LocalStore(Store):
                 rows[i] = (len(sources), 0, len(blob), len(blob))
                 sources.append(blob)
         return Located(sources, rows)
+
+    def files(self, keys: Sequence[str]) -> FileRun | None:
+        # plain files, or a folder not yet seen (the reader leaves an absent file to read_batch,
+        # which looks for it compressed beside its name)
+        if FILE_READER is None:
+            return None
+        folders = {k.rpartition("/")[0] for k in keys}
+        if any(self._forms.get(f) for f in folders):
+            return None
+        root = os.path.join(self.root, "")
+
+        def done(codes: np.ndarray) -> np.ndarray:
+            read = int((codes >= 0).sum())
+            if read:
+                for f in folders:  # (a batch is one folder's keys)
+                    if self._forms.get(f) is None:
+                        self._learn(f, "")
+            again = codes < 0
+            if all(self._forms.get(f) == "" for f in folders):
+                again &= codes != ABSENT  # a folder of plain files: absent is absent
+            self.count("read", len(codes) - int(again.sum()))  # the rest: when read_batch reads them
+            return again
+
+        return FileRun(FILE_READER, [root + k for k in keys], done, self.failure)
 
     def _read_file(self, key: str, view: memoryview) -> int:
         try:
