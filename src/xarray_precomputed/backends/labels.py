@@ -10,7 +10,6 @@ same lazily indexed array the engine builds, remapping each block it reads.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from ..errors import ArgumentError
+from ..reading.region_labels import MappedScaleReader, reads_mapped, region_labels
 from ..reading.volume import Volume
 from .label_points import segmentation_source
 from .precomputed import PrecomputedBackendArray
@@ -59,7 +59,8 @@ def _channel_index(seg: xr.DataArray) -> np.ndarray | None:
 def unique_labels(segmentation, *, return_counts: bool = False, storage_options: dict | None = None):
     """The sorted uint64 ids in `segmentation` (a DataArray the precomputed engine opened, or a
     box of it), and with `return_counts=True` how many voxels hold each, as `np.unique` of its
-    values gives them."""
+    values gives them. A box is answered chunk by chunk from what each encoding stores
+    (`reading.region_labels`: compressed_segmentation's lookup tables, crackle's label section)."""
     url, key = segmentation_source(segmentation)
     seg = segmentation if isinstance(segmentation, xr.DataArray) else \
         segmentation[[n for n in segmentation.data_vars][0]]
@@ -70,57 +71,14 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
         if return_counts:
             return np.unique(values, return_counts=True)
         return np.unique(values)
-    channels = _channel_index(seg)
-    chunk = np.asarray(scale.chunk_size, np.int64)
-    lo = np.array([s.start for s in box], np.int64)
-    hi = np.array([s.stop for s in box], np.int64)
-    first, last = lo // chunk, (hi - 1) // chunk
-    grid = np.stack(np.meshgrid(*[np.arange(a, b + 1) for a, b in zip(first, last)],
-                                indexing="ij"), -1).reshape(-1, 3)
-    parts: list[tuple[np.ndarray, np.ndarray]] = []
-    missing = [0]
-    lock = threading.Lock()
-
-    def reduce(i: int, block: np.ndarray | None) -> None:
-        cell = grid[i]
-        a = np.maximum(lo, cell * chunk) - cell * chunk
-        b = np.minimum(hi, (cell + 1) * chunk) - cell * chunk
-        if block is None:
-            with lock:
-                missing[0] += int(np.prod(b - a)) * (1 if channels is None else len(channels))
-            return
-        part = block[a[0]:b[0], a[1]:b[1], a[2]:b[2], :]
-        part = part if channels is None else part[..., channels]
-        u, c = _distinct(part)
-        with lock:
-            parts.append((u, c))
-
-    scale.for_each_chunk(grid, reduce)
-    if missing[0]:
-        parts.append((np.zeros(1, scale.dtype), np.array([missing[0]])))
-    if not parts:
-        ids = np.zeros(0, np.uint64)
-        return (ids, np.zeros(0, np.int64)) if return_counts else ids
-    u = np.concatenate([p[0] for p in parts]).astype(np.uint64, copy=False)
-    c = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
-    ids, inv = np.unique(u, return_inverse=True)
-    if not return_counts:
-        return ids
-    return ids, np.bincount(inv, weights=c, minlength=len(ids)).astype(np.int64)
+    ids, counts = region_labels(scale, [s.start for s in box], [s.stop for s in box],
+                                _channel_index(seg), counts=return_counts)
+    return (ids, counts) if return_counts else ids
 
 
 def _flat(block: np.ndarray) -> tuple[np.ndarray, Literal["C", "F"]]:
     order: Literal["C", "F"] = "F" if block.flags.f_contiguous and not block.flags.c_contiguous else "C"
     return block.ravel(order=order), order
-
-
-def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of a block and their voxel counts, by hashing (pandas' factorize): a chunk of a
-    segmentation holds few ids, and sorting every voxel (np.unique) cost 10x the read."""
-    import pandas as pd
-
-    codes, ids = pd.factorize(_flat(part)[0], sort=False)
-    return np.asarray(ids), np.bincount(codes, minlength=len(ids))
 
 
 class Mapping:
@@ -240,8 +198,16 @@ def relabel(segmentation, mapping, *, default: int | None = None,
     m = mapping_of(mapping, default)
     whole = xr.open_dataset(url, engine="precomputed", scale=key, storage_options=storage_options)
     var = whole[seg.name] if seg.name in whole else whole[list(whole.data_vars)[0]]
-    inner = PrecomputedBackendArray(Volume.open(url, storage_options=storage_options).scale(key))
-    data = indexing.LazilyIndexedArray(RelabelledArray(inner, m))
+    scale = Volume.open(url, storage_options=storage_options).scale(key)
+    if reads_mapped(scale, m.result_dtype(scale.dtype)):
+        # each block decoded with its mapped lookup table: no pass over the voxels after
+        reader = MappedScaleReader(scale.url, scale.info, scale.scale_info,
+                                   storage_options=scale.storage_options,
+                                   fill_missing=scale.fill_missing, context=scale.context_given,
+                                   keys=m.source, values=m.target, default=m.default)
+        data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader))
+    else:
+        data = indexing.LazilyIndexedArray(RelabelledArray(PrecomputedBackendArray(scale), m))
     out = xr.DataArray(xr.Variable(var.dims, data, attrs=dict(var.attrs)), coords=var.coords,
                        name=var.name)
     # storage settings stay (a write keeps the layout); the source does not: these are not its ids
