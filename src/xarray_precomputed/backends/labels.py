@@ -186,6 +186,17 @@ class RelabelledArray(BackendArray):
         return self.mapping(np.asarray(self.inner[key]), self.dtype)
 
 
+def _positions(whole: xr.DataArray, dim: str, values: np.ndarray) -> Any:
+    """Where `values` of coordinate `dim` lie in `whole`: a slice where they are a run (a box
+    is then read as one, not as a selection of single voxels), else their positions."""
+    pos = whole.get_index(dim).get_indexer(values)
+    if len(pos) and (pos < 0).any():
+        return whole.sel({dim: values})[dim].values  # raises, naming what is not there
+    if len(pos) and (np.diff(pos) == 1).all():
+        return slice(int(pos[0]), int(pos[-1]) + 1)
+    return pos
+
+
 def relabel(segmentation, mapping, *, default: int | None = None,
             storage_options: dict | None = None) -> xr.DataArray:
     """`segmentation` (a DataArray the precomputed engine opened, or a box of it) with every id
@@ -213,7 +224,7 @@ def relabel(segmentation, mapping, *, default: int | None = None,
     # storage settings stay (a write keeps the layout); the source does not: these are not its ids
     out.encoding = {k: v for k, v in var.encoding.items() if k not in ("source", "scale_key")}
     out.attrs["relabelled"] = "ids replaced through a mapping (xarray_precomputed.relabel)"
-    out = out.sel({d: seg[d] for d in seg.dims if d in out.dims})
+    out = out.isel({d: _positions(out, d, seg[d].values) for d in seg.dims if d in out.dims})
     for c in ("x", "y", "z", "channel"):
         if c in seg.coords and c not in seg.dims and c in out.dims:
             out = out.sel({c: seg.coords[c]})
