@@ -2,14 +2,16 @@
 through a mapping of ids (`relabel`, lazily, e.g. supervoxels to bodies).
 
 Both take a DataArray the `precomputed` engine opened (any `isel`/`sel` box of it): its
-`.encoding` names the source and scale, its coordinates the box. `unique_labels` reads the box
-chunk by chunk through the reader's batched `for_each_chunk` and reduces each chunk's part as it
-arrives, so memory stays near a chunk per thread however large the region. `relabel` wraps the
-same lazily indexed array the engine builds, remapping each block it reads.
+`.encoding` names the source and scale, its coordinates the box. `unique_labels` reduces the box
+in batches of stored chunks, each answered as cheaply as its encoding allows
+(`reading.region_labels`), so memory stays near a batch per thread however large the region.
+`relabel` reads compressed_segmentation through mapped lookup tables (`MappedScaleReader`), and
+other encodings through the engine's lazily indexed array, remapping each block it reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,7 +188,7 @@ class RelabelledArray(BackendArray):
         return self.mapping(np.asarray(self.inner[key]), self.dtype)
 
 
-def _positions(whole: xr.DataArray, dim: str, values: np.ndarray) -> Any:
+def _positions(whole: xr.DataArray, dim: Hashable, values: np.ndarray) -> Any:
     """Where `values` of coordinate `dim` lie in `whole`: a slice where they are a run (a box
     is then read as one, not as a selection of single voxels), else their positions."""
     pos = whole.get_index(dim).get_indexer(values)
@@ -215,7 +217,8 @@ def relabel(segmentation, mapping, *, default: int | None = None,
         reader = MappedScaleReader(scale.url, scale.info, scale.scale_info,
                                    storage_options=scale.storage_options,
                                    fill_missing=scale.fill_missing, context=scale.context_given,
-                                   keys=m.source, values=m.target, default=m.default)
+                                   keys=m.source, values=m.target,
+                                   default=None if m.default is None else int(m.default))
         data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader))
     else:
         data = indexing.LazilyIndexedArray(RelabelledArray(PrecomputedBackendArray(scale), m))

@@ -259,7 +259,7 @@ class MappedScaleReader(ScaleReader):
                     raise self.oversized(cells[i], int(keys[i]), size)
                 if s < 0:
                     settle_missing(self.fill_missing, self.missing_count, 1,
-                                   lambda: self.missing_name(cells[i], int(keys[i])))
+                                   lambda i=i: self.missing_name(cells[i], int(keys[i])))
                     if not zeroed:
                         dest[...] = 0
                     continue
