@@ -74,8 +74,17 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
             return np.unique(values, return_counts=True)
         return np.unique(values)
     ids, counts = region_labels(scale, [s.start for s in box], [s.stop for s in box],
-                                _channel_index(seg), counts=return_counts)
+                                _channel_index(seg), counts=return_counts, distinct=_distinct)
     return (ids, counts) if return_counts else ids
+
+
+def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a block and their voxel counts, by hashing (pandas' factorize): a chunk of a
+    segmentation holds few ids, and sorting every voxel (np.unique) cost 10x the read."""
+    import pandas as pd
+
+    codes, ids = pd.factorize(_flat(part)[0], sort=False)
+    return np.asarray(ids).astype(np.uint64), np.bincount(codes, minlength=len(ids))
 
 
 def _flat(block: np.ndarray) -> tuple[np.ndarray, Literal["C", "F"]]:

@@ -9,7 +9,8 @@
  *   index names them (an entry past the table's use is another table's, or values).
  *   rows (n, 3) int64: source index (negative: skip), byte offset, length of each chunk;
  *   boxes (n, 9) int64: the chunk's (clipped) shape, then the box's low and high corner in it.
- *   Corrupt input raises ChunkDataError(position in rows, message).
+ *   Corrupt input raises ChunkDataError(position in rows, message). counts=False: the counts
+ *   returned mean nothing (a whole block's indices are then only marked, not counted).
  *
  * decode_mapped(data, out, chunk_shape, block_size, origin, keys, values, default, stream)
  *   cseg_decode (see cseg_decode.h) through a mapping of ids: each block's table is mapped
@@ -119,9 +120,60 @@ CSEG_INLINE uint64_t pop64(uint64_t x)
 #endif
 }
 
+/* Which indices a whole block of 1, 2 or 4 bits uses (hist[i] nonzero), without counting them:
+ * bit planes ORed 64 voxels at a time. 0 where the block is not such a block. */
+static int mark_indices(const cseg_geom *G, const cseg_block *blk, uint64_t *hist)
+{
+    const uint64_t total = G->bvol, bits = blk->bits;
+    const uint64_t words = total * bits / 32;
+    uint64_t w;
+    if (bits > 4 || total % 64 != 0)
+        return 0;
+    if (bits == 4) {
+        uint32_t seen = 0;
+        for (w = 0; w < words; w++) {
+            const uint32_t word = ld32(blk->vals + 4 * w);
+            int q;
+            for (q = 0; q < 8; q++)
+                seen |= (uint32_t)1 << ((word >> (4 * q)) & 15);
+        }
+        for (w = 0; w < 16; w++)
+            hist[w] += (seen >> w) & 1;
+        return 1;
+    }
+    {
+        const uint64_t m = 0x5555555555555555ull;
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, any = 0, all = ~(uint64_t)0;
+        for (w = 0; w + 2 <= words; w += 2) {
+            const uint64_t x = (uint64_t)ld32(blk->vals + 4 * w) |
+                               ((uint64_t)ld32(blk->vals + 4 * w + 4) << 32);
+            if (bits == 1) {
+                any |= x;
+                all &= x;
+            } else {
+                const uint64_t lo = x & m, hi = (x >> 1) & m;
+                a0 |= ~(lo | hi) & m;
+                a1 |= lo & ~hi;
+                a2 |= hi & ~lo;
+                a3 |= lo & hi;
+            }
+        }
+        if (bits == 1) {
+            hist[0] += all != ~(uint64_t)0;
+            hist[1] += any != 0;
+        } else {
+            hist[0] += a0 != 0;
+            hist[1] += a1 != 0;
+            hist[2] += a2 != 0;
+            hist[3] += a3 != 0;
+        }
+    }
+    return 1;
+}
+
 /* Count the packed indices of the in-box part p0..p1 of a block into `hist` (bits <= 16). */
 static void count_indices(const cseg_geom *G, const cseg_block *blk, const int64_t p0[3],
-                          const int64_t p1[3], uint64_t *hist)
+                          const int64_t p1[3], uint64_t *hist, int counts)
 {
     const uint32_t bits = blk->bits, mask = blk->mask;
     int64_t x, y, z;
@@ -131,6 +183,8 @@ static void count_indices(const cseg_geom *G, const cseg_block *blk, const int64
         const uint64_t total = G->bvol;
         const uint32_t per = 32 / bits;
         uint64_t v = 0, w = 0;
+        if (!counts && mark_indices(G, blk, hist))
+            return;
         if (bits <= 2 && total % 64 == 0) {
             /* 1 and 2 bits: counted by bit planes, 64 bits at a time (a count per voxel is a
              * chain of increments of one counter, ~5x slower) */
@@ -196,7 +250,7 @@ static void count_indices(const cseg_geom *G, const cseg_block *blk, const int64
  * 2^16 zeroed entries and is left zeroed. */
 static int channel_labels(const unsigned char *ch, uint64_t clen, const cseg_geom *G,
                           const int64_t lo[3], const int64_t hi[3], uint64_t *hist, lhash *h,
-                          cseg_err *err)
+                          int counts, cseg_err *err)
 {
     int64_t k[3], klo[3], khi[3];
     int a;
@@ -229,7 +283,7 @@ static int channel_labels(const unsigned char *ch, uint64_t clen, const cseg_geo
                 } else if (blk.bits <= 16) {
                     const uint64_t n = (uint64_t)1 << blk.bits;
                     uint64_t i;
-                    count_indices(G, &blk, p0, p1, hist);
+                    count_indices(G, &blk, p0, p1, hist, counts);
                     for (i = 0; i < n; i++) {
                         if (!hist[i])
                             continue;
@@ -280,7 +334,8 @@ fail:
  * labels of the chosen channels' boxes. */
 static int chunk_labels(const unsigned char *buf, uint64_t len, Py_ssize_t nc, const cseg_geom *G,
                         const int64_t *chans, Py_ssize_t nchan, const int64_t lo[3],
-                        const int64_t hi[3], uint64_t *hist, lhash *h, cseg_err *err)
+                        const int64_t hi[3], uint64_t *hist, lhash *h, int counts,
+                        cseg_err *err)
 {
     const uint64_t nwords = len / 4;
     const uint64_t gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
@@ -311,7 +366,7 @@ static int chunk_labels(const unsigned char *buf, uint64_t len, Py_ssize_t nc, c
         err->chan = (Py_ssize_t)chans[c];
         if (channel_extent(off, nwords, gxy, G, err, &clen) < 0)
             return -1;
-        if (channel_labels(buf + 4 * off, clen, G, lo, hi, hist, h, err) < 0)
+        if (channel_labels(buf + 4 * off, clen, G, lo, hi, hist, h, counts, err) < 0)
             return -1;
     }
     return 0;
@@ -505,7 +560,7 @@ static PyObject *labels_batch(PyObject *self, PyObject *args)
         cseg_geom_derive(&G);
         if (chunk_labels((const unsigned char *)v->buf + r[1], (uint64_t)r[2], nc, &G,
                          (const int64_t *)PyArray_DATA(chans), nchan, b + 3, b + 6, hist, &h,
-                         &err) < 0) {
+                         want_counts, &err) < 0) {
             failed = i;
             break;
         }

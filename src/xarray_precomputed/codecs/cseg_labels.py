@@ -30,13 +30,14 @@ __all__ = ["labels_batch", "decode_mapped_into"]
 
 def labels_batch(sources: list, rows: np.ndarray, boxes: np.ndarray, *, block_size: Sequence[int],
                  dtype, num_channels: int, channels: np.ndarray,
-                 name: Callable[[int], object]) -> tuple[np.ndarray, np.ndarray]:
+                 name: Callable[[int], object], counts: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The distinct labels (uint64, in no order) of boxes of many chunks and their voxel counts.
 
     `rows` (n, 3): per chunk its source in `sources`, byte offset and length (a negative source:
     skipped); `boxes` (n, 9): the chunk's shape (clipped at the volume's edge), then the low and
     high corner of the box in it; `channels`: the channels counted. Corrupt bytes raise
-    CorruptChunkError naming `name(j)` for the chunk at row j."""
+    CorruptChunkError naming `name(j)` for the chunk at row j. `counts=False`: the counts mean
+    nothing (indices are only looked for, not counted)."""
     rows = np.ascontiguousarray(rows, np.int64)
     boxes = np.ascontiguousarray(boxes, np.int64)
     channels = np.ascontiguousarray(channels, np.int64)
@@ -45,7 +46,7 @@ def labels_batch(sources: list, rows: np.ndarray, boxes: np.ndarray, *, block_si
     if _ext is not None:
         try:
             return _ext.labels_batch(list(sources), rows, boxes, block, itemsize,
-                                     int(num_channels), channels, True)
+                                     int(num_channels), channels, bool(counts))
         except _ext.ChunkDataError as e:
             j, msg = e.args
             raise CorruptChunkError(f"compressed_segmentation: {msg}", chunk=name(int(j))) from None

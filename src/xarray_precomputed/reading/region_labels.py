@@ -18,7 +18,7 @@ mapped lookup table.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -29,7 +29,9 @@ from .base import map_reads
 from .missing import settle_missing
 from .volume import ScaleReader
 
-__all__ = ["region_labels", "MappedScaleReader", "reads_mapped"]
+__all__ = ["region_labels", "sorted_distinct", "MappedScaleReader", "reads_mapped"]
+
+Distinct = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 # Chunks per batch: enough that a batch's Python is small against its C call, few enough that
 # every core gets batches.
@@ -55,11 +57,14 @@ def _boxes(reader: ScaleReader, cells: np.ndarray, lo: np.ndarray, hi: np.ndarra
 
 
 def region_labels(reader: ScaleReader, lo, hi, channels: np.ndarray | None = None, *,
-                  counts: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+                  counts: bool = True, distinct: Distinct | None = None
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
     """The sorted distinct ids (uint64) of the box [lo, hi) (0-based voxel indices) of the
     chosen `channels` (None: every channel), and with `counts` how many voxels hold each, as
     `np.unique` of the box's values gives them. Absent chunks count as 0 (MissingChunkError with
-    fill_missing=False)."""
+    fill_missing=False). `distinct(part)`: the (ids, counts) of a decoded part of a chunk
+    (`sorted_distinct` unless given)."""
+    distinct = distinct or sorted_distinct
     lo = np.asarray(lo, np.int64)
     hi = np.asarray(hi, np.int64)
     nc = reader.info.num_channels
@@ -77,11 +82,11 @@ def region_labels(reader: ScaleReader, lo, hi, channels: np.ndarray | None = Non
             parts.append((ids, n))
 
     if encoding == "compressed_segmentation":
-        _from_stored(reader, cells, boxes, chans, keep, _cseg_batch(reader, chans))
+        _from_stored(reader, cells, boxes, chans, keep, _cseg_batch(reader, chans, counts))
     elif encoding == "crackle" and not counts:
-        _from_stored(reader, cells, boxes, chans, keep, _crackle_batch(reader))
+        _from_stored(reader, cells, boxes, chans, keep, _crackle_batch(reader, distinct))
     else:
-        _decoded(reader, cells, boxes, chans, keep)
+        _decoded(reader, cells, boxes, chans, keep, distinct)
     if not parts:
         ids = np.zeros(0, np.uint64)
         return ids, (np.zeros(0, np.int64) if counts else None)
@@ -134,19 +139,19 @@ def _from_stored(reader: ScaleReader, cells, boxes, chans, keep, reduce) -> None
     map_reads(run, jobs, window=base.running_reads.cores, context=reader.context)
 
 
-def _cseg_batch(reader: ScaleReader, chans: np.ndarray):
+def _cseg_batch(reader: ScaleReader, chans: np.ndarray, counts: bool):
     block = reader.scale_info.compressed_segmentation_block_size or (8, 8, 8)
     nc = reader.info.num_channels
 
     def reduce(sources, rows, boxes, name):
         return cseg_labels.labels_batch(sources, rows, boxes, block_size=block,
                                         dtype=reader.dtype, num_channels=nc, channels=chans,
-                                        name=name)
+                                        name=name, counts=counts)
 
     return reduce
 
 
-def _crackle_batch(reader: ScaleReader):
+def _crackle_batch(reader: ScaleReader, distinct: Distinct):
     from ..codecs import crackle
 
     def reduce(sources, rows, boxes, name):
@@ -163,33 +168,30 @@ def _crackle_batch(reader: ScaleReader):
             part = np.empty((*(y - x for x, y in zip(a, b)), 1), reader.dtype)
             reader.decode_chunk(data, part, origin=tuple(a), chunk_shape=tuple(shape),
                                 chunk=name(j), stream=False)
-            found.append(_distinct(part)[0])
+            found.append(distinct(part)[0])
         ids = np.concatenate(found) if found else np.zeros(0, np.uint64)
         return ids.astype(np.uint64), np.zeros(len(ids), np.int64)
 
     return reduce
 
 
-def _decoded(reader: ScaleReader, cells, boxes, chans, keep) -> None:
+def _decoded(reader: ScaleReader, cells, boxes, chans, keep, distinct: Distinct) -> None:
     def reduce(i: int, block: np.ndarray | None) -> None:
         box = boxes[i]
         a, b = box[3:6], box[6:9]
         if block is None:
             keep(np.zeros(1, np.uint64), np.array([int(np.prod(b - a)) * len(chans)], np.int64))
             return
-        keep(*_distinct(block[a[0]:b[0], a[1]:b[1], a[2]:b[2], :][..., chans]))
+        keep(*distinct(block[a[0]:b[0], a[1]:b[1], a[2]:b[2], :][..., chans]))
 
     reader.for_each_chunk(cells, reduce)
 
 
-def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of a block and their voxel counts, by hashing (pandas' factorize): a chunk of a
-    segmentation holds few ids, and sorting every voxel (np.unique) cost 10x the read."""
-    import pandas as pd
-
-    order: Any = "F" if part.flags.f_contiguous and not part.flags.c_contiguous else "C"
-    codes, ids = pd.factorize(part.ravel(order=order), sort=False)
-    return np.asarray(ids).astype(np.uint64), np.bincount(codes, minlength=len(ids))
+def sorted_distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a block and their voxel counts, by sorting (the default reducer of decoded
+    chunks; the xarray layer passes a hashing one)."""
+    ids, counts = np.unique(part, return_counts=True)
+    return ids.astype(np.uint64), counts
 
 
 def reads_mapped(reader: ScaleReader, result_dtype) -> bool:
