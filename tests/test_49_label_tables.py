@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib
+from pathlib import Path
 
 import fastremap
 import numpy as np
@@ -25,6 +27,7 @@ import xarray_precomputed as xp
 from xarray_precomputed.codecs import compressed_segmentation as cseg
 from xarray_precomputed.codecs import cseg_labels
 from xarray_precomputed.errors import CorruptChunkError
+from xarray_precomputed.reading.volume import ScaleReader
 
 SHAPE = (45, 37, 21)
 CASES = {
@@ -230,13 +233,19 @@ CV_SIZE, CV_CHUNK = (45, 37, 19), (16, 16, 8)
 
 @pytest.fixture(scope="module", params=["crackle", "crackle-sharded", "compresso"])
 def cv_volume(request, tmp_path_factory):
-    encoding = request.param.split("-")[0]
-    url = f"file://{tmp_path_factory.mktemp(request.param)}/v"
+    return _cv_write(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _cv_write(root: Path, kind: str):
+    """A segmentation CloudVolume writes (`kind`: its encoding, "-sharded" for one shard), and
+    the whole of it as CloudVolume reads it back."""
+    encoding = kind.split("-")[0]
+    url = f"file://{root}/v"
     info = CloudVolume.create_new_info(
         num_channels=1, layer_type="segmentation", data_type="uint64", encoding=encoding,
         resolution=[4, 4, 40], voxel_offset=[3, -5, 7], chunk_size=list(CV_CHUNK),
         volume_size=list(CV_SIZE))
-    if request.param.endswith("sharded"):
+    if kind.endswith("sharded"):
         info["scales"][0]["sharding"] = {
             "@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1,
             "hash": "murmurhash3_x86_128", "minishard_bits": 2, "shard_bits": 0,
@@ -263,3 +272,32 @@ def test_crackle_and_compresso_labels_equal_np_unique_of_cloudvolume(cv_volume):
         ids, counts = xp.unique_labels(sub, return_counts=True)
         np.testing.assert_array_equal(ids, want, err_msg=str(box))
         np.testing.assert_array_equal(counts, want_counts, err_msg=str(box))
+
+
+def test_whole_chunks_answer_from_their_label_lists_without_decoding(cv_volume, monkeypatch):
+    url, truth = cv_volume
+    seg = xr.open_dataset(url, engine="precomputed")["segmentation"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a whole chunk was decoded")
+
+    monkeypatch.setattr(ScaleReader, "decode_chunk", refuse)
+    np.testing.assert_array_equal(xp.unique_labels(seg), np.unique(truth))
+    z_run = seg.isel(z=slice(2, 13))  # crackle: whole in x and y, any z range
+    if "crackle" in url:
+        np.testing.assert_array_equal(xp.unique_labels(z_run), np.unique(truth[:, :, 2:13]))
+
+
+@pytest.mark.parametrize("kind", ["crackle", "compresso"])
+def test_damaged_listed_chunks_raise_naming_the_chunk(kind, tmp_path):
+    url, _ = _cv_write(tmp_path, kind)
+    root = Path(url.removeprefix("file://"))
+    victim = sorted(p for p in (root / CloudVolume(url).info["scales"][0]["key"]).iterdir())[0]
+    raw = victim.read_bytes()
+    gz = raw[:2] == b"\x1f\x8b"
+    body = gzip.decompress(raw) if gz else raw
+    body = body[:40]  # the header, and too few bytes for the sections it announces
+    victim.write_bytes(gzip.compress(body) if gz else body)
+    seg = xr.open_dataset(url, engine="precomputed")["segmentation"]
+    with pytest.raises(CorruptChunkError, match=victim.name.split(".")[0]):
+        xp.unique_labels(seg)
