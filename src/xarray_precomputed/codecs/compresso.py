@@ -120,19 +120,27 @@ def _sections(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
             connectivity, ww, iw, sizes, fixed)
 
 
-def labels_of(data, *, chunk_shape, dtype, chunk) -> np.ndarray:
-    """The sorted distinct labels of a whole chunk, from its label list and the literal labels
-    among its location codes (the package's `labels`), without decoding a voxel. The header and
-    section sizes are checked first (every read then lies inside the stream); damage inside the
-    sections, which the decoder's checks catch, is not looked for here."""
+def labels_of(data, *, chunk_shape, dtype, chunk, z_range=None) -> np.ndarray:
+    """The sorted distinct labels of a chunk, from its label list and the literal labels among
+    its location codes (the package's `labels`), without decoding a voxel; z slices [z0, z1) of
+    it (`z_range`, not the whole chunk) by decoding. The header and section sizes are checked
+    first (every read then lies inside the stream); damage inside the sections, which the
+    decoder's checks catch, is not looked for here."""
     buf = bytes(data)
-    _sections(buf, np.dtype(dtype), chunk_shape, chunk)
+    dtype = np.dtype(dtype)
+    if z_range is not None and tuple(z_range) != (0, chunk_shape[2]):
+        z0, z1 = (int(z) for z in z_range)
+        part = np.empty((chunk_shape[0], chunk_shape[1], z1 - z0, 1), dtype)
+        decode_into(buf, part, chunk_shape=chunk_shape, origin=(0, 0, z0), scale=None,
+                    dtype=dtype, num_channels=1, chunk=chunk)
+        return np.unique(part)
+    _sections(buf, dtype, chunk_shape, chunk)
     try:
         found = compresso.labels(buf)
     except Exception as e:
         raise CorruptChunkError(f"corrupt compresso stream ({type(e).__name__}: {e})",
                                 chunk=chunk) from None
-    return np.unique(np.asarray(found).astype(np.dtype(dtype), copy=False))
+    return np.unique(np.asarray(found).astype(dtype, copy=False))
 
 
 def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk) -> tuple[bytes, int | None]:

@@ -5,8 +5,8 @@ as cheaply as each encoding allows.
 - compressed_segmentation: from each chunk's stored bytes, by its lookup tables and the counts
   of its packed indices (`codecs.cseg_labels`), every chunk of a batch in one C call; a chunk at
   the box's border is read only in the blocks that meet the box;
-- crackle and compresso, without counts: a chunk the box covers (crackle: whole in x and y)
-  from the labels its stream lists (`labels_of`); others are decoded, only in the box;
+- crackle and compresso (codecs with a `labels_of`), without counts: a chunk the box covers
+  whole in x and y from the labels its stream lists; others are decoded, only in the box;
 - any other encoding: each chunk decoded (`for_each_chunk`) and its part reduced by hashing.
 Each batch's result is merged at the end (a sort of the few distinct ids), so memory stays near
 a batch per thread however large the box.
@@ -74,6 +74,8 @@ def region_labels(reader: ScaleReader, lo, hi, channels: np.ndarray | None = Non
     cells = _cells(reader, lo, hi)
     boxes = _boxes(reader, cells, lo, hi)
     encoding = reader.scale_info.encoding
+    # a codec whose chunks list their labels (crackle, compresso) has `labels_of`
+    listed = None if counts else getattr(get_codec(encoding).implementation(), "labels_of", None)
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     lock = threading.Lock()
 
@@ -83,8 +85,8 @@ def region_labels(reader: ScaleReader, lo, hi, channels: np.ndarray | None = Non
 
     if encoding == "compressed_segmentation":
         _from_stored(reader, cells, boxes, chans, keep, _cseg_batch(reader, chans, counts))
-    elif encoding in ("crackle", "compresso") and not counts:
-        _from_stored(reader, cells, boxes, chans, keep, _listed_batch(reader, distinct))
+    elif not counts and listed is not None:
+        _from_stored(reader, cells, boxes, chans, keep, _listed_batch(reader, listed, distinct))
     else:
         _decoded(reader, cells, boxes, chans, keep, distinct)
     if not parts:
@@ -151,14 +153,9 @@ def _cseg_batch(reader: ScaleReader, chans: np.ndarray, counts: bool):
     return reduce
 
 
-def _listed_batch(reader: ScaleReader, distinct: Distinct):
-    """Crackle and compresso chunks: a chunk the box covers whole (crackle: whole in x and y,
-    any z range) from the labels its stream lists, others decoded in the box."""
-    crackle = reader.scale_info.encoding == "crackle"
-    if crackle:
-        from ..codecs import crackle as codec
-    else:
-        from ..codecs import compresso as codec  # type: ignore[no-redef]
+def _listed_batch(reader: ScaleReader, labels_of: Callable, distinct: Distinct):
+    """Chunks that list their labels: one the box covers whole in x and y from its stream's
+    list (`labels_of`, for any z range), others decoded in the box."""
 
     def reduce(sources, rows, boxes, name):
         found = []
@@ -167,13 +164,9 @@ def _listed_batch(reader: ScaleReader, distinct: Distinct):
                 continue
             data = memoryview(sources[s]).cast("B")[off:off + length]
             shape, a, b = box[0:3], box[3:6], box[6:9]
-            if crackle and a[:2] == [0, 0] and b[:2] == shape[:2]:
-                found.append(codec.labels_of(data, chunk_shape=shape, dtype=reader.dtype,
-                                             chunk=name(j), z_range=(a[2], b[2])))
-                continue
-            if not crackle and a == [0, 0, 0] and b == shape:
-                found.append(codec.labels_of(data, chunk_shape=shape, dtype=reader.dtype,
-                                             chunk=name(j)))
+            if a[:2] == [0, 0] and b[:2] == shape[:2]:
+                found.append(labels_of(data, chunk_shape=shape, dtype=reader.dtype,
+                                       chunk=name(j), z_range=(a[2], b[2])))
                 continue
             part = np.empty((*(y - x for x, y in zip(a, b)), 1), reader.dtype)
             reader.decode_chunk(data, part, origin=tuple(a), chunk_shape=tuple(shape),
