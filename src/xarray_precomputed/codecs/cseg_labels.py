@@ -62,12 +62,20 @@ def _labels_numpy(sources, rows, boxes, block, dtype, nc, channels, name):
             continue
         data = memoryview(sources[s]).cast("B")[off:off + length]
         shape, lo, hi = box[0:3], box[3:6], box[6:9]
-        out = np.empty((*(h - low for low, h in zip(lo, hi)), nc), dtype)
+        out = np.empty((*(h - low for low, h in zip(lo, hi)), len(channels)), dtype)
         try:
-            cseg_fallback.cseg_decode(data, out, shape, block, lo)
+            # every channel's offset and block headers, as the extension checks them ...
+            cseg_fallback.cseg_decode(data, np.empty((0, 0, 0, nc), dtype), shape, block,
+                                      (0, 0, 0))
+            words = np.frombuffer(data, "<u4")
+            for k, c in enumerate(channels.tolist()):
+                # ... then the chosen channels' voxels, each as a one-channel chunk (a channel's
+                # data runs to the chunk's end, its offsets relative to its start)
+                one = np.concatenate([np.ones(1, "<u4"), words[int(words[c]):]])
+                cseg_fallback.cseg_decode(one.tobytes(), out[..., k:k + 1], shape, block, lo)
         except ValueError as e:
             raise CorruptChunkError(f"compressed_segmentation: {e}", chunk=name(j)) from None
-        u, c = np.unique(out[..., channels], return_counts=True)
+        u, c = np.unique(out, return_counts=True)
         ids.append(u.astype(np.uint64))
         counts.append(c.astype(np.int64))
     if not ids:
