@@ -725,9 +725,21 @@ static int decode_channel_mapped(const unsigned char *ch, uint64_t clen, const c
                 if (blk.bits <= 16) {
                     /* the entries an index of this width can name, within the data */
                     uint64_t need = (uint64_t)1 << blk.bits, i;
+                    uint64_t used[16];
                     if (need > blk.tlen)
                         need = blk.tlen;
-                    if (blk.table != last || need > last_n) {
+                    memset(used, 0, sizeof used);
+                    if (blk.bits >= 1 && blk.bits <= 4 && p0[0] == 0 && p0[1] == 0 &&
+                        p0[2] == 0 && p1[0] == G->b[0] && p1[1] == G->b[1] &&
+                        p1[2] == G->b[2] && mark_indices(G, &blk, used)) {
+                        /* a whole block: only the entries its indices name (a table's length
+                         * is not stored; the rest may be another table's, looked up for
+                         * nothing) */
+                        for (i = 0; i < need; i++)
+                            if (used[i])
+                                st_entry(table + es * i, map_id(m, entry(blk.table, i, es)), es);
+                        last = NULL;
+                    } else if (blk.table != last || need > last_n) {
                         for (i = 0; i < need; i++)
                             st_entry(table + es * i, map_id(m, entry(blk.table, i, es)), es);
                         last = blk.table;
