@@ -622,6 +622,10 @@ typedef struct {
     uint64_t dflt;
     uint64_t ck[MAP_CACHE], cv[MAP_CACHE];
     unsigned char cu[MAP_CACHE];
+    /* mapped tables: up to 256 entries here; wider ones (16-bit indices, rare) in `big`, made
+     * when first needed (a 512 KiB buffer per call was an mmap and munmap per chunk) */
+    unsigned char small[256 * 8];
+    unsigned char *big;
 } mapping;
 
 static uint64_t map_id(mapping *m, uint64_t id)
@@ -691,9 +695,10 @@ static void map_decoded(const cseg_geom *G, const int64_t p0[3], const int64_t p
 }
 
 static int decode_channel_mapped(const unsigned char *ch, uint64_t clen, const cseg_geom *G,
-                                 char *outc, mapping *m, unsigned char *table, cseg_err *err)
+                                 char *outc, mapping *m, cseg_err *err)
 {
     const int es = G->es;
+    unsigned char *table, *prev = NULL;
     int64_t klo[3], khi[3], k[3];
     const unsigned char *last = NULL;
     uint64_t last_n = 0;
@@ -728,6 +733,20 @@ static int decode_channel_mapped(const unsigned char *ch, uint64_t clen, const c
                     uint64_t used[16];
                     if (need > blk.tlen)
                         need = blk.tlen;
+                    if (need <= 256) {
+                        table = m->small;
+                    } else {
+                        if (m->big == NULL)
+                            m->big = (unsigned char *)malloc(((size_t)1 << 16) * 8);
+                        if (m->big == NULL) {
+                            err->code = E_NOMEM;
+                            return -1;
+                        }
+                        table = m->big;
+                    }
+                    if (table != prev)
+                        last = NULL; /* the mapped entries at hand are in the other buffer */
+                    prev = table;
                     memset(used, 0, sizeof used);
                     if (blk.bits >= 1 && blk.bits <= 4 && p0[0] == 0 && p0[1] == 0 &&
                         p0[2] == 0 && p1[0] == G->b[0] && p1[1] == G->b[1] &&
@@ -764,7 +783,7 @@ fail:
 }
 
 static int run_mapped(const unsigned char *buf, uint64_t len, Py_ssize_t nc, const cseg_geom *G,
-                      char *out, mapping *m, unsigned char *table, cseg_err *err)
+                      char *out, mapping *m, cseg_err *err)
 {
     const uint64_t nwords = len / 4;
     const uint64_t gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
@@ -795,7 +814,7 @@ static int run_mapped(const unsigned char *buf, uint64_t len, Py_ssize_t nc, con
         err->chan = c;
         if (channel_extent(off, nwords, gxy, G, err, &clen) < 0)
             return -1;
-        if (decode_channel_mapped(buf + 4 * off, clen, G, out + c * G->st[3], m, table, err) < 0)
+        if (decode_channel_mapped(buf + 4 * off, clen, G, out + c * G->st[3], m, err) < 0)
             return -1;
     }
     return 0;
@@ -817,7 +836,6 @@ static PyObject *decode_mapped(PyObject *self, PyObject *args)
     cseg_geom G;
     cseg_err err;
     mapping *m = NULL;
-    unsigned char *table = NULL;
     Py_ssize_t nc;
     char *outp;
     (void)self;
@@ -867,8 +885,7 @@ static PyObject *decode_mapped(PyObject *self, PyObject *args)
         goto fail;
     }
     m = (mapping *)calloc(1, sizeof *m);
-    table = (unsigned char *)malloc(((size_t)1 << 16) * 8);
-    if (m == NULL || table == NULL) {
+    if (m == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -902,26 +919,29 @@ static PyObject *decode_mapped(PyObject *self, PyObject *args)
     }
     memset(&err, 0, sizeof err);
     Py_BEGIN_ALLOW_THREADS
-    rc = run_mapped((const unsigned char *)view.buf, (uint64_t)view.len, nc, &G, outp, m, table,
-                    &err);
+    rc = run_mapped((const unsigned char *)view.buf, (uint64_t)view.len, nc, &G, outp, m, &err);
 #if CSEG_CAN_STREAM
     if (G.stream)
         _mm_sfence();
 #endif
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
+    free(m->big);
     free(m);
-    free(table);
     Py_DECREF(keys);
     Py_DECREF(vals);
     if (rc < 0) {
-        raise_error(&err);
+        if (err.code == E_NOMEM)
+            PyErr_NoMemory();
+        else
+            raise_error(&err);
         return NULL;
     }
     Py_RETURN_NONE;
 fail:
+    if (m != NULL)
+        free(m->big);
     free(m);
-    free(table);
     Py_XDECREF(keys);
     Py_XDECREF(vals);
     return NULL;
