@@ -132,6 +132,8 @@ class BuildExt(build_ext):
 EXTENSIONS = [
     ext("xarray_precomputed.codecs._cseg", "src/xarray_precomputed/codecs/_cseg.c",
         "-Wno-unused-function"),
+    ext("xarray_precomputed.codecs._cseg_labels", "src/xarray_precomputed/codecs/_cseg_labels.c",
+        "-Wno-unused-function"),
     ext("xarray_precomputed.codecs._cseg_encode", "src/xarray_precomputed/codecs/_cseg_encode.c"),
     ext("xarray_precomputed.codecs._fortran", "src/xarray_precomputed/codecs/_fortran.c"),
     ext("xarray_precomputed.codecs._fpzip", "src/xarray_precomputed/codecs/_fpzip.c"),

@@ -1,8 +1,10 @@
 """unique_labels and relabel against what users do today, side by side in one run.
 
-    python benchmarks/bench_labels.py [--rounds 3] [--root DIR]
+    python benchmarks/bench_labels.py [--rounds 3] [--root DIR] [--volume seg512|seg]
 
-On `seg` (volumes.py: 512x512x256 uint64, sharded compressed_segmentation, the whole scale):
+On `seg512` (the 512^3 region the goals name: volumes.py's FIB-25 tiles, 512x512x512 uint64,
+sharded compressed_segmentation in 8 shards of 4^3 64^3 chunks, gzip data, written by
+TensorStore, the whole scale) or `seg` (volumes.py's 512x512x256):
 - unique ids: `xp.unique_labels(seg)` against `np.unique` of a TensorStore read and
   CloudVolume's `cv.unique(bbox)`;
 - a relabelled read: `xp.relabel(seg, mapping).values` against our plain `.values` and a
@@ -75,17 +77,32 @@ def run(name: str, path: str, mapping: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def build_seg512(root: Path) -> Path:
+    import volumes
+
+    path = root / "seg512"
+    if not (path / "info").exists():
+        shape = (512, 512, 512)
+        volumes._ts_write(path, volumes.fib25_tiles(shape, seed=3), "segmentation", {
+            "size": list(shape), "chunk_size": list(volumes.CHUNK), "resolution": [8, 8, 8],
+            "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8],
+            "sharding": {**volumes.SEG_SHARDING, "shard_bits": 3}})
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--root", default=None)
+    ap.add_argument("--volume", choices=("seg512", "seg"), default="seg512")
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import numpy as np
     import volumes
 
     root = Path(a.root or tempfile.mkdtemp(prefix="bench-labels-"))
-    path = str(volumes.build(root)["seg"])
+    root.mkdir(parents=True, exist_ok=True)
+    path = str(build_seg512(root) if a.volume == "seg512" else volumes.build(root)["seg"])
     import tensorstore as ts
 
     data = ts.open({"driver": "neuroglancer_precomputed", "kvstore": "file://" + path}).result()
@@ -95,6 +112,7 @@ def main() -> None:
     mapping = str(root / "mapping.npy")
     np.save(mapping, np.stack([chosen, rng.integers(1, 2**62, len(chosen)).astype(np.uint64)]))
     names = list(CODE)
+    print(f"{a.volume}: {data.shape[:3]} voxels, {len(ids)} ids")
     best: dict[str, float] = {}
     counts: dict[str, int] = {}
     for _ in range(a.rounds):

@@ -40,7 +40,8 @@ UNDER_SANITIZERS = ["test_13_batch_contract.py", "test_15_storage.py",
                     "test_30_volume_oracle.py", "test_34_direct_reads.py",
                     "test_35_corrupt_data.py", "test_31_chunk_stream.py",
                     "test_38_batched_reads.py", "test_39_fpzip_decoder.py", "test_42_kvstore.py",
-                    "test_40_crackle_decoder.py", "test_49_draco_decoder.py", "test_41_fpzip_encoder.py",
+                    "test_40_crackle_decoder.py", "test_41_fpzip_encoder.py",
+                    "test_49_draco_decoder.py", "test_49_label_tables.py",
                     "test_70_write_roundtrip.py",
                     "test_71_write_shards.py", "test_80_dvid_reader.py", "test_95_fuzz.py"]
 

@@ -19,6 +19,7 @@ FORCE_ENV = "XARRAY_PRECOMPUTED_PURE"
 EXTENSIONS = {
     "xarray_precomputed.codecs._cseg": "compressed_segmentation decoder",
     "xarray_precomputed.codecs._cseg_encode": "compressed_segmentation encoder",
+    "xarray_precomputed.codecs._cseg_labels": "compressed_segmentation labels from lookup tables",
     "xarray_precomputed.codecs._fortran": "raw chunk copies",
     "xarray_precomputed.codecs._fpzip": "fpzip decoder and encoder",
     "xarray_precomputed.codecs._crackle": "crackle decoder",

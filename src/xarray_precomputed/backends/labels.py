@@ -2,15 +2,16 @@
 through a mapping of ids (`relabel`, lazily, e.g. supervoxels to bodies).
 
 Both take a DataArray the `precomputed` engine opened (any `isel`/`sel` box of it): its
-`.encoding` names the source and scale, its coordinates the box. `unique_labels` reads the box
-chunk by chunk through the reader's batched `for_each_chunk` and reduces each chunk's part as it
-arrives, so memory stays near a chunk per thread however large the region. `relabel` wraps the
-same lazily indexed array the engine builds, remapping each block it reads.
+`.encoding` names the source and scale, its coordinates the box. `unique_labels` reduces the box
+in batches of stored chunks, each answered as cheaply as its encoding allows
+(`reading.region_labels`), so memory stays near a batch per thread however large the region.
+`relabel` reads compressed_segmentation through mapped lookup tables (`MappedScaleReader`), and
+other encodings through the engine's lazily indexed array, remapping each block it reads.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from ..errors import ArgumentError
+from ..reading.region_labels import MappedScaleReader, reads_mapped, region_labels
 from ..reading.volume import Volume
 from .label_points import segmentation_source
 from .precomputed import PrecomputedBackendArray
@@ -59,7 +61,8 @@ def _channel_index(seg: xr.DataArray) -> np.ndarray | None:
 def unique_labels(segmentation, *, return_counts: bool = False, storage_options: dict | None = None):
     """The sorted uint64 ids in `segmentation` (a DataArray the precomputed engine opened, or a
     box of it), and with `return_counts=True` how many voxels hold each, as `np.unique` of its
-    values gives them."""
+    values gives them. A box is answered chunk by chunk from what each encoding stores
+    (`reading.region_labels`: compressed_segmentation's lookup tables, crackle's label section)."""
     url, key = segmentation_source(segmentation)
     seg = segmentation if isinstance(segmentation, xr.DataArray) else \
         segmentation[[n for n in segmentation.data_vars][0]]
@@ -70,48 +73,9 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
         if return_counts:
             return np.unique(values, return_counts=True)
         return np.unique(values)
-    channels = _channel_index(seg)
-    chunk = np.asarray(scale.chunk_size, np.int64)
-    lo = np.array([s.start for s in box], np.int64)
-    hi = np.array([s.stop for s in box], np.int64)
-    first, last = lo // chunk, (hi - 1) // chunk
-    grid = np.stack(np.meshgrid(*[np.arange(a, b + 1) for a, b in zip(first, last)],
-                                indexing="ij"), -1).reshape(-1, 3)
-    parts: list[tuple[np.ndarray, np.ndarray]] = []
-    missing = [0]
-    lock = threading.Lock()
-
-    def reduce(i: int, block: np.ndarray | None) -> None:
-        cell = grid[i]
-        a = np.maximum(lo, cell * chunk) - cell * chunk
-        b = np.minimum(hi, (cell + 1) * chunk) - cell * chunk
-        if block is None:
-            with lock:
-                missing[0] += int(np.prod(b - a)) * (1 if channels is None else len(channels))
-            return
-        part = block[a[0]:b[0], a[1]:b[1], a[2]:b[2], :]
-        part = part if channels is None else part[..., channels]
-        u, c = _distinct(part)
-        with lock:
-            parts.append((u, c))
-
-    scale.for_each_chunk(grid, reduce)
-    if missing[0]:
-        parts.append((np.zeros(1, scale.dtype), np.array([missing[0]])))
-    if not parts:
-        ids = np.zeros(0, np.uint64)
-        return (ids, np.zeros(0, np.int64)) if return_counts else ids
-    u = np.concatenate([p[0] for p in parts]).astype(np.uint64, copy=False)
-    c = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
-    ids, inv = np.unique(u, return_inverse=True)
-    if not return_counts:
-        return ids
-    return ids, np.bincount(inv, weights=c, minlength=len(ids)).astype(np.int64)
-
-
-def _flat(block: np.ndarray) -> tuple[np.ndarray, Literal["C", "F"]]:
-    order: Literal["C", "F"] = "F" if block.flags.f_contiguous and not block.flags.c_contiguous else "C"
-    return block.ravel(order=order), order
+    ids, counts = region_labels(scale, [s.start for s in box], [s.stop for s in box],
+                                _channel_index(seg), counts=return_counts, distinct=_distinct)
+    return (ids, counts) if return_counts else ids
 
 
 def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +84,12 @@ def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import pandas as pd
 
     codes, ids = pd.factorize(_flat(part)[0], sort=False)
-    return np.asarray(ids), np.bincount(codes, minlength=len(ids))
+    return np.asarray(ids).astype(np.uint64), np.bincount(codes, minlength=len(ids))
+
+
+def _flat(block: np.ndarray) -> tuple[np.ndarray, Literal["C", "F"]]:
+    order: Literal["C", "F"] = "F" if block.flags.f_contiguous and not block.flags.c_contiguous else "C"
+    return block.ravel(order=order), order
 
 
 class Mapping:
@@ -228,6 +197,17 @@ class RelabelledArray(BackendArray):
         return self.mapping(np.asarray(self.inner[key]), self.dtype)
 
 
+def _positions(whole: xr.DataArray, dim: Hashable, values: np.ndarray) -> Any:
+    """Where `values` of coordinate `dim` lie in `whole`: a slice where they are a run (a box
+    is then read as one, not as a selection of single voxels), else their positions."""
+    pos = whole.get_index(dim).get_indexer(values)
+    if len(pos) and (pos < 0).any():
+        return whole.sel({dim: values})[dim].values  # raises, naming what is not there
+    if len(pos) and (np.diff(pos) == 1).all():
+        return slice(int(pos[0]), int(pos[-1]) + 1)
+    return pos
+
+
 def relabel(segmentation, mapping, *, default: int | None = None,
             storage_options: dict | None = None) -> xr.DataArray:
     """`segmentation` (a DataArray the precomputed engine opened, or a box of it) with every id
@@ -240,14 +220,23 @@ def relabel(segmentation, mapping, *, default: int | None = None,
     m = mapping_of(mapping, default)
     whole = xr.open_dataset(url, engine="precomputed", scale=key, storage_options=storage_options)
     var = whole[seg.name] if seg.name in whole else whole[list(whole.data_vars)[0]]
-    inner = PrecomputedBackendArray(Volume.open(url, storage_options=storage_options).scale(key))
-    data = indexing.LazilyIndexedArray(RelabelledArray(inner, m))
+    scale = Volume.open(url, storage_options=storage_options).scale(key)
+    if reads_mapped(scale, m.result_dtype(scale.dtype)):
+        # each block decoded with its mapped lookup table: no pass over the voxels after
+        reader = MappedScaleReader(scale.url, scale.info, scale.scale_info,
+                                   storage_options=scale.storage_options,
+                                   fill_missing=scale.fill_missing, context=scale.context_given,
+                                   keys=m.source, values=m.target,
+                                   default=None if m.default is None else int(m.default))
+        data = indexing.LazilyIndexedArray(PrecomputedBackendArray(reader))
+    else:
+        data = indexing.LazilyIndexedArray(RelabelledArray(PrecomputedBackendArray(scale), m))
     out = xr.DataArray(xr.Variable(var.dims, data, attrs=dict(var.attrs)), coords=var.coords,
                        name=var.name)
     # storage settings stay (a write keeps the layout); the source does not: these are not its ids
     out.encoding = {k: v for k, v in var.encoding.items() if k not in ("source", "scale_key")}
     out.attrs["relabelled"] = "ids replaced through a mapping (xarray_precomputed.relabel)"
-    out = out.sel({d: seg[d] for d in seg.dims if d in out.dims})
+    out = out.isel({d: _positions(out, d, seg[d].values) for d in seg.dims if d in out.dims})
     for c in ("x", "y", "z", "channel"):
         if c in seg.coords and c not in seg.dims and c in out.dims:
             out = out.sel({c: seg.coords[c]})

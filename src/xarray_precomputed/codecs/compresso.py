@@ -73,13 +73,15 @@ def _boundaries(rle, values, shape, steps, fail) -> np.ndarray:
     return full[:sz, :sy, :sx]
 
 
-def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk) -> tuple[bytes, int | None]:
-    """Validate a compresso stream (see the module docstring). Returns the stream to hand to the
-    decoder (padded if needed) and the sentinel label whose presence in the output means damage."""
-
+def _fail(chunk):
     def fail(msg):
         raise CorruptChunkError(f"corrupt compresso stream: {msg}", chunk=chunk)
+    return fail
 
+
+def _sections(buf: bytes, dtype: np.dtype, chunk_shape, chunk):
+    """The header checked against the chunk, and the section sizes against the stream."""
+    fail = _fail(chunk)
     n = len(buf)
     if n < HEADER_SIZE:
         fail(f"{n} bytes, shorter than its {HEADER_SIZE}-byte header")
@@ -114,6 +116,39 @@ def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk) -> tuple[bytes
     if fixed > n or (n - fixed) % ww:
         fail(f"the header's section sizes ({id_size} labels, {value_size} window values, "
              f"{location_size} locations) do not fit its {n} bytes")
+    return (n, version, width, (sx, sy, sz), steps, (id_size, value_size, location_size),
+            connectivity, ww, iw, sizes, fixed)
+
+
+def labels_of(data, *, chunk_shape, dtype, chunk, z_range=None) -> np.ndarray:
+    """The sorted distinct labels of a chunk, from its label list and the literal labels among
+    its location codes (the package's `labels`), without decoding a voxel; z slices [z0, z1) of
+    it (`z_range`, not the whole chunk) by decoding. The header and section sizes are checked
+    first (every read then lies inside the stream); damage inside the sections, which the
+    decoder's checks catch, is not looked for here."""
+    buf = bytes(data)
+    dtype = np.dtype(dtype)
+    if z_range is not None and tuple(z_range) != (0, chunk_shape[2]):
+        z0, z1 = (int(z) for z in z_range)
+        part = np.empty((chunk_shape[0], chunk_shape[1], z1 - z0, 1), dtype)
+        decode_into(buf, part, chunk_shape=chunk_shape, origin=(0, 0, z0), scale=None,
+                    dtype=dtype, num_channels=1, chunk=chunk)
+        return np.unique(part)
+    _sections(buf, dtype, chunk_shape, chunk)
+    try:
+        found = compresso.labels(buf)
+    except Exception as e:
+        raise CorruptChunkError(f"corrupt compresso stream ({type(e).__name__}: {e})",
+                                chunk=chunk) from None
+    return np.unique(np.asarray(found).astype(dtype, copy=False))
+
+
+def check_stream(buf: bytes, dtype: np.dtype, chunk_shape, chunk) -> tuple[bytes, int | None]:
+    """Validate a compresso stream (see the module docstring). Returns the stream to hand to the
+    decoder (padded if needed) and the sentinel label whose presence in the output means damage."""
+    fail = _fail(chunk)
+    (n, version, width, (sx, sy, sz), steps, (id_size, value_size, location_size), connectivity,
+     ww, iw, sizes, fixed) = _sections(buf, dtype, chunk_shape, chunk)
     label_t, window_t = np.dtype(f"<u{width}"), np.dtype(f"<u{ww}")
     off = HEADER_SIZE
     ids = np.frombuffer(buf, label_t, id_size, off)
