@@ -93,6 +93,9 @@ FILE_RUN_BYTES_ROWS = 8 << 20
 # CPU. In parts of at most this many inflated bytes, each one call of the extension.
 INFLATE_FIRST = inflates_with_libdeflate()
 INFLATED_PART_BYTES = 8 << 20
+# Batches of at most this many chunks are checked with Python ints (a crop's or a dask task's
+# few chunks: numpy's calls on arrays of one to eight rows cost more).
+SETTLE_IN_PYTHON = 64
 
 
 # Boxes of at most this many grid cells have their geometry made with Python ints: numpy's ~20
@@ -365,25 +368,36 @@ class _Read:
         rule. The rows' first column stays the values' rows (ABSENT, PLACED, source). `lowest`:
         the least of that column, where the caller has it."""
         rows = got.rows
-        codes = rows[:, 0]
-        if lowest is None:
-            lowest = int(codes.min())
-        if lowest >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
-            return geom  # every chunk stored, each whole
-        big = np.flatnonzero(codes == TOO_LARGE)
-        if len(big):
+        if len(rows) <= SETTLE_IN_PYTHON:
+            listed = rows.tolist()
+            if lowest is None:
+                lowest = min(r[0] for r in listed)
+            spanned = [r[0] >= 0 and r[2] != r[3] for r in listed] if self.raw else []
+            if lowest >= 0 and not any(spanned):
+                return geom  # every chunk stored, each whole
+            big = [j for j, r in enumerate(listed) if r[0] == TOO_LARGE]
+            absent = [j for j, r in enumerate(listed) if r[0] == ABSENT]
+            packed = [j for j, p in enumerate(spanned) if p]
+        else:
+            codes = rows[:, 0]
+            if lowest is None:
+                lowest = int(codes.min())
+            if lowest >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
+                return geom  # every chunk stored, each whole
+            big = np.flatnonzero(codes == TOO_LARGE).tolist()
+            absent = np.flatnonzero(codes == ABSENT).tolist()
+            packed = np.flatnonzero((codes >= 0) & (rows[:, 2] != rows[:, 3])).tolist() \
+                if self.raw else []
+        if big:
             raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]))
-        absent = np.flatnonzero(codes == ABSENT)
-        if len(absent):
+        if absent:
             settle_missing(self.reader.fill_missing, self.reader.missing_count, len(absent),
                            lambda: self.reader.missing_name(self.cells[members[absent[0]]],
                                                            int(self.keys[members[absent[0]]])))
-        if self.raw:
-            packed = np.flatnonzero((codes >= 0) & (rows[:, 2] != rows[:, 3]))
-            if len(packed):
-                geom = geom.copy()
-                for j in packed.tolist():
-                    self.repack(j, int(members[j]), rows[j], geom)
+        if packed:
+            geom = geom.copy()
+            for j in packed:
+                self.repack(j, int(members[j]), rows[j], geom)
         return geom
 
     def repack(self, j: int, i: int, row: np.ndarray, geom: np.ndarray) -> None:
