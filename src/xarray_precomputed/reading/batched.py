@@ -304,7 +304,8 @@ class _Read:
         es = self.reader.dtype.itemsize
         nc = self.nc
         counts = [0] * len(members)
-        spans: list[tuple[int, int]] = []  # Python ints: a crop's few chunks cost no numpy calls
+        # per chunk read as spans, per channel: (first offset, offset step, count, length)
+        runs: list[tuple[int, int, int, int]] = []  # Python ints: a crop's few chunks
         G = GEOM
         assert G is not None
         x, o, e, h = G.extent, G.origin + 1, G.extent + 1, G.shape
@@ -321,19 +322,24 @@ class _Read:
             if min(by_planes, by_rows) >= whole + SPAN_COST_BYTES:
                 continue
             if by_planes <= by_rows:
-                spans += [((c * sz + oz) * plane, ez * plane) for c in range(nc)]
+                runs += [((c * sz + oz) * plane, 0, 1, ez * plane) for c in range(nc)]
                 counts[j] = nc
             else:
-                row = ey * sx * es
-                spans += [((c * sz + z) * plane + oy * sx * es, row)
-                          for c in range(nc) for z in range(oz, oz + ez)]
+                runs += [((c * sz + oz) * plane + oy * sx * es, plane, ez, ey * sx * es)
+                         for c in range(nc)]
                 counts[j] = nc * ez
-        if not spans:
+        if not runs:
             return None
         first = [0]
         for c in counts:
             first.append(first[-1] + c)
-        return np.array(first, np.int64), np.array(spans, np.int64).reshape(-1, 2)
+        spans = np.empty((first[-1], 2), np.int64)
+        k = 0
+        for start, step, count, length in runs:
+            spans[k:k + count, 0] = np.arange(start, start + step * count, step) if step else start
+            spans[k:k + count, 1] = length
+            k += count
+        return np.array(first, np.int64), spans
 
     def dests(self, members: np.ndarray, out: np.ndarray) -> list | None:
         """Per chunk, the region of `out` its stored bytes are, where a whole raw chunk is one
@@ -507,7 +513,9 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
             got = read.fetch(_Batch(part), local=True, out=out)
             read.decode(out, part, got, geom[part], zeroed, stream)
 
-    if len(jobs) == 1 or inline:
+    if len(jobs) == 1 or inline or (not read.kv.one_object_per_key and
+                                     out.nbytes <= INLINE_DECODE_BYTES):
+        # a small crop meeting a few shards: handing each to a worker cost more than it saved
         for job in jobs:
             run(job)
         return
