@@ -265,12 +265,13 @@ class _Read:
         self.whole_dests = scale.whole_dests
         self.kind = scale.kind
         self.block = scale.block
-        # which chunks the read needs part of (only those may be read as spans)
+        # whether the read needs part of some chunk (only those may be read as spans)
         G = GEOM
-        self.partial = None
+        self.any_partial = False
         if self.raw and G is not None:
-            self.partial = (geom[:, G.extent:G.extent + 3] != geom[:, G.shape:G.shape + 3]).any(axis=1)
-        self.any_partial = self.partial is not None and bool(self.partial.any())
+            x, h = G.extent, G.shape
+            self.any_partial = any(g[x:x + 3] != g[h:h + 3] for g in geom.tolist()) \
+                if len(geom) <= SETTLE_IN_PYTHON else bool((geom[:, x:x + 3] != geom[:, h:h + 3]).any())
 
     def name(self, i: int) -> str:
         return self.reader.chunk_name(self.cells[i], int(self.keys[i]))
