@@ -514,9 +514,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
             got = read.fetch(_Batch(part), local=True, out=out)
             read.decode(out, part, got, geom[part], zeroed, stream)
 
-    if len(jobs) == 1 or inline or (not read.kv.one_object_per_key and
-                                     out.nbytes <= INLINE_DECODE_BYTES):
-        # a small crop meeting a few shards: handing each to a worker cost more than it saved
+    if len(jobs) == 1 or inline:
         for job in jobs:
             run(job)
         return
