@@ -85,6 +85,27 @@ def test_box_geometry_rows_match_their_names():
         assert g[G.channel] == 0
 
 
+def test_box_geometry_made_with_python_ints_is_the_numpy_one(monkeypatch):
+    """Small boxes have their rows made with Python ints, large ones with numpy: the same cells
+    and rows in the same order, at every alignment and at the volume's edge."""
+    rng = np.random.default_rng(5)
+    size, chunk = (70, 33, 41), (16, 8, 10)
+    for _ in range(200):
+        sel = []
+        for n in size:
+            a, b = sorted(rng.integers(0, n + 1, 2).tolist())
+            sel.append(slice(a, max(b, a + 1) if a < n else n))
+        if any(s.start == s.stop for s in sel):
+            continue
+        small = batched._small_box_geometry(sel, chunk, size)
+        monkeypatch.setattr(batched, "GEOMETRY_IN_PYTHON", 0)
+        large = batched.box_geometry(sel, chunk, size)
+        monkeypatch.undo()
+        for got, want in zip(small, large):
+            assert got.dtype == want.dtype == np.int64
+            np.testing.assert_array_equal(got, want)
+
+
 def test_no_source_indexes_a_row_by_number():
     c = (SRC / "_chunk_batch.c").read_text()
     assert not re.findall(r"\bg\[\d", c), "_chunk_batch.c reads a geometry column by number"

@@ -331,14 +331,18 @@ def mcns(tmp_path_factory):
 def _spy_reads(monkeypatch) -> list:
     """The shape of every read the engine hands to dask from now on."""
     shapes: list = []
-    getitem = precomputed.PrecomputedBackendArray._getitem
 
-    def spy(self, key):
-        out = getitem(self, key)
-        shapes.append(out.shape)
-        return out
+    def spy(read):
+        def spied(self, key):
+            out = read(self, key)
+            shapes.append(out.shape)
+            return out
+        return spied
 
-    monkeypatch.setattr(precomputed.PrecomputedBackendArray, "_getitem", spy)
+    # the engine's two ways in: any indexer (`_getitem`), and a step-1 box (`_box`)
+    for name in ("_getitem", "_box"):
+        monkeypatch.setattr(precomputed.PrecomputedBackendArray, name,
+                            spy(getattr(precomputed.PrecomputedBackendArray, name)))
     return shapes
 
 

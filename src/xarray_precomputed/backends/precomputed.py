@@ -87,10 +87,19 @@ class PrecomputedBackendArray(BackendArray):
             # What every dask task asks for: a step-1 box, read as it is. xarray's decomposition
             # of the key into a backend part and a numpy part (here the box and nothing) cost
             # ~14 us a call, all of it holding the GIL that the other reading threads wait on.
-            return self._getitem(key.tuple)
+            return self._box(key.tuple)
         key = _normalize_empty_slices(key, self.shape)
         return indexing.explicit_indexing_adapter(
             key, self.shape, indexing.IndexingSupport.OUTER, self._getitem)
+
+    def _box(self, key: tuple) -> np.ndarray:
+        """`_getitem` of step-1 slices: every channel is what a dask task asks for, and is the
+        read's result as it is (no view of it made)."""
+        data = self.reader.read_outer(key[0], key[1], key[2], order=self._order(key))
+        c = key[3] if len(key) > 3 else slice(None)
+        if type(c) is slice and c.indices(self.shape[3]) == (0, self.shape[3], 1):
+            return data
+        return data[..., c]
 
     def _getitem(self, key: tuple) -> np.ndarray:
         # Outer indexing: ints, slices with positive steps and sorted integer arrays per axis.

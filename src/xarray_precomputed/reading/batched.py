@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -98,12 +99,25 @@ FILE_RUN_BYTES_ROWS = 8 << 20
 # CPU. In parts of at most this many inflated bytes, each one call of the extension.
 INFLATE_FIRST = inflates_with_libdeflate()
 INFLATED_PART_BYTES = 1 << 20
+# Batches of at most this many chunks are checked with Python ints (a crop's or a dask task's
+# few chunks: numpy's calls on arrays of one to eight rows cost more).
+SETTLE_IN_PYTHON = 64
+
+
+# Boxes of at most this many grid cells have their geometry made with Python ints: numpy's ~20
+# calls on three-element arrays cost ~30 us whatever the count (a dask task of one chunk: a sixth
+# of its time), the Python ~1.5 us a cell.
+GEOMETRY_IN_PYTHON = 64
 
 
 def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
     """The grid cells (n, 3) a box of step-1 slices touches, and per cell the row the extension
     takes: where its voxels go in the result, where they start in the chunk, how many, and the
     chunk's shape (clipped at the volume's edge)."""
+    assert GEOM is not None
+    counts = [-(-s.stop // c) - s.start // c for s, c in zip(sel, chunk_size)]
+    if math.prod(counts) <= GEOMETRY_IN_PYTHON:
+        return _small_box_geometry(sel, chunk_size, size)
     axes = []
     for s, c, n in zip(sel, chunk_size, size):
         g = np.arange(s.start // c, -(-s.stop // c), dtype=np.int64)
@@ -112,8 +126,6 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
         axes.append((g, lo - s.start, lo - g * c, hi - lo, np.minimum(c, n - g * c)))
     # five quantities per axis (cell, dest, origin, extent, shape), each spread over x, y, z;
     # the first channel of the destination stays 0
-    assert GEOM is not None
-    counts = [len(a[0]) for a in axes]
     cells = np.zeros((*counts, 3), np.int64)
     geom = np.zeros((*counts, GEOM.columns), np.int64)
     for a, (cell, *parts) in enumerate(axes):
@@ -125,15 +137,44 @@ def box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
     return cells.reshape(-1, 3), geom.reshape(-1, GEOM.columns)
 
 
+def _small_box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
+    """`box_geometry` with Python ints, the same rows in the same order (z varying fastest)."""
+    G = GEOM
+    assert G is not None
+    axes = []
+    for a, (s, c, n) in enumerate(zip(sel, chunk_size, size)):
+        start, stop = int(s.start), int(s.stop)
+        parts = []
+        for g in range(start // c, -(-stop // c)):
+            lo, hi = max(start, g * c), min(stop, (g + 1) * c)
+            # (column, value) pairs of this axis' part of a row
+            parts.append((g, ((G.dest + a, lo - start), (G.origin + a, lo - g * c),
+                              (G.extent + a, hi - lo), (G.shape + a, min(c, n - g * c)))))
+        axes.append(parts)
+    cells, rows = [], []
+    width = G.columns
+    for gx, px in axes[0]:
+        for gy, py in axes[1]:
+            for gz, pz in axes[2]:
+                row = [0] * width  # the first channel of the destination stays 0
+                for column, value in (*px, *py, *pz):
+                    row[column] = value
+                cells.append((gx, gy, gz))
+                rows.append(row)
+    return (np.array(cells, np.int64).reshape(-1, 3),
+            np.array(rows, np.int64).reshape(-1, width))
+
+
 def kind_of(reader: ScaleReader) -> int | None:
     """The extension's number for the scale's decoder (`Codec.batch_kind` names it), or None
     where the extension has none or is not built."""
-    name = get_codec(reader.scale_info.encoding).batch_kind
-    return None if name is None else KINDS.get(name)
+    return _scale(reader).kind
 
 
 def decodes_in_batches(reader: ScaleReader, dtype: np.dtype) -> bool:
     """Whether the extension decodes this scale's chunks into results of `dtype`."""
+    if dtype is reader.dtype or dtype == reader.dtype:
+        return _scale(reader).batched
     kind = kind_of(reader)
     if _batch is None or kind is None or not dtype.isnative:
         return False
@@ -175,6 +216,40 @@ class _Batch:
         self.whole = whole
 
 
+class _Scale:
+    """What every read of one scale shares, found once per reader (looked up per read, the codec
+    registry, numpy's dtype names and the sizes cost ~10 us of a one-chunk dask task)."""
+
+    __slots__ = ("kind", "batched", "nc", "dtype_name", "limit", "chunk_bytes", "raw",
+                 "whole_dests", "block")
+
+    def __init__(self, reader: ScaleReader):
+        codec = get_codec(reader.scale_info.encoding)
+        self.kind = None if codec.batch_kind is None else KINDS.get(codec.batch_kind)
+        kind = self.kind
+        # a big-endian machine: raw wider than a byte is converted chunk by chunk
+        self.batched = _batch is not None and kind is not None and reader.dtype.isnative and \
+            not (kind == KINDS["raw"] and not reader.stores_plain_voxels and reader.dtype.itemsize > 1)
+        nc = self.nc = reader.info.num_channels
+        self.dtype_name = reader.info.dtype.name
+        self.limit = reader.max_stored_bytes
+        self.chunk_bytes = math.prod(reader.chunk_size) * nc * reader.dtype.itemsize
+        self.raw = codec.plain
+        self.whole_dests = self.raw and reader.stores_plain_voxels
+        block = reader.scale_info.compressed_segmentation_block_size
+        self.block = tuple(block or ()) if kind == KINDS.get("cseg") else (1, 1, 1)
+
+
+_scales: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _scale(reader: ScaleReader) -> _Scale:
+    found = _scales.get(reader)
+    if found is None:
+        found = _scales[reader] = _Scale(reader)
+    return found
+
+
 class _Read:
     """What every batch of one read shares: cells, keys, geometry, the reader."""
 
@@ -186,22 +261,23 @@ class _Read:
         self.geom = geom
         self.keys = reader.chunk_keys(cells)
         self.kv = reader.kv
-        nc = self.nc = reader.info.num_channels
+        scale = _scale(reader)
+        self.nc = scale.nc
         # read once: looked up per batch they were a tenth of a raw read's GIL-held time
-        self.dtype_name = reader.info.dtype.name
-        self.limit = reader.max_stored_bytes
-        self.chunk_bytes = math.prod(reader.chunk_size) * nc * reader.dtype.itemsize
-        self.raw = get_codec(reader.scale_info.encoding).plain
-        self.whole_dests = self.raw and reader.stores_plain_voxels
-        self.kind = kind_of(reader)
-        block = reader.scale_info.compressed_segmentation_block_size
-        self.block = tuple(block or ()) if self.kind == KINDS.get("cseg") else (1, 1, 1)
-        # which chunks the read needs part of (only those may be read as spans)
+        self.dtype_name = scale.dtype_name
+        self.limit = scale.limit
+        self.chunk_bytes = scale.chunk_bytes
+        self.raw = scale.raw
+        self.whole_dests = scale.whole_dests
+        self.kind = scale.kind
+        self.block = scale.block
+        # whether the read needs part of some chunk (only those may be read as spans)
         G = GEOM
-        self.partial = None
+        self.any_partial = False
         if self.raw and G is not None:
-            self.partial = (geom[:, G.extent:G.extent + 3] != geom[:, G.shape:G.shape + 3]).any(axis=1)
-        self.any_partial = self.partial is not None and bool(self.partial.any())
+            x, h = G.extent, G.shape
+            self.any_partial = any(g[x:x + 3] != g[h:h + 3] for g in geom.tolist()) \
+                if len(geom) <= SETTLE_IN_PYTHON else bool((geom[:, x:x + 3] != geom[:, h:h + 3]).any())
 
     def name(self, i: int) -> str:
         return self.reader.chunk_name(self.cells[i], int(self.keys[i]))
@@ -232,21 +308,20 @@ class _Read:
         when every chunk is needed whole."""
         if not self.any_partial:
             return None
-        part = self.partial[members]  # type: ignore[index]
-        if not part.any():
-            return None
         es = self.reader.dtype.itemsize
-        nc = self.reader.info.num_channels
+        nc = self.nc
         counts = [0] * len(members)
-        spans: list[tuple[int, int]] = []  # Python ints: a crop's few chunks cost no numpy calls
-        rows = self.geom[members].tolist()
+        # per chunk read as spans, per channel: (first offset, offset step, count, length)
+        runs: list[tuple[int, int, int, int]] = []  # Python ints: a crop's few chunks
         G = GEOM
         assert G is not None
-        for j in np.flatnonzero(part).tolist():
-            g = rows[j]
-            sx, sy, sz = g[G.shape:G.shape + 3]
-            oy, oz = g[G.origin + 1:G.origin + 3]
-            ey, ez = g[G.extent + 1:G.extent + 3]
+        x, o, e, h = G.extent, G.origin + 1, G.extent + 1, G.shape
+        for j, g in enumerate(self.geom[members].tolist()):
+            sx, sy, sz = g[h:h + 3]
+            if g[x:x + 3] == [sx, sy, sz]:
+                continue  # needed whole
+            oy, oz = g[o:o + 2]
+            ey, ez = g[e:e + 2]
             plane = sx * sy * es
             whole = sx * sy * sz * nc * es
             by_planes = nc * ez * plane + nc * SPAN_COST_BYTES
@@ -254,18 +329,24 @@ class _Read:
             if min(by_planes, by_rows) >= whole + SPAN_COST_BYTES:
                 continue
             if by_planes <= by_rows:
-                spans += [((c * sz + oz) * plane, ez * plane) for c in range(nc)]
+                runs += [((c * sz + oz) * plane, 0, 1, ez * plane) for c in range(nc)]
                 counts[j] = nc
             else:
-                row = ey * sx * es
-                spans += [((c * sz + z) * plane + oy * sx * es, row)
-                          for c in range(nc) for z in range(oz, oz + ez)]
+                runs += [((c * sz + oz) * plane + oy * sx * es, plane, ez, ey * sx * es)
+                         for c in range(nc)]
                 counts[j] = nc * ez
-        if not spans:
+        if not runs:
             return None
-        first = np.zeros(len(members) + 1, np.int64)
-        np.cumsum(counts, out=first[1:])
-        return first, np.array(spans, np.int64).reshape(-1, 2)
+        first = [0]
+        for c in counts:
+            first.append(first[-1] + c)
+        spans = np.empty((first[-1], 2), np.int64)
+        k = 0
+        for start, step, count, length in runs:
+            spans[k:k + count, 0] = np.arange(start, start + step * count, step) if step else start
+            spans[k:k + count, 1] = length
+            k += count
+        return np.array(first, np.int64), spans
 
     def dests(self, members: np.ndarray, out: np.ndarray) -> list | None:
         """Per chunk, the region of `out` its stored bytes are, where a whole raw chunk is one
@@ -300,47 +381,60 @@ class _Read:
         rule. The rows' first column stays the values' rows (ABSENT, PLACED, source). `lowest`:
         the least of that column, where the caller has it."""
         rows = got.rows
-        codes = rows[:, 0]
-        if lowest is None:
-            lowest = int(codes.min())
-        if lowest >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
-            return geom  # every chunk stored, each whole
-        big = np.flatnonzero(codes == TOO_LARGE)
-        if len(big):
+        if len(rows) <= SETTLE_IN_PYTHON:
+            listed = rows.tolist()
+            if lowest is None:
+                lowest = min(r[0] for r in listed)
+            spanned = [r[0] >= 0 and r[2] != r[3] for r in listed] if self.raw else []
+            if lowest >= 0 and not any(spanned):
+                return geom  # every chunk stored, each whole
+            big = [j for j, r in enumerate(listed) if r[0] == TOO_LARGE]
+            absent = [j for j, r in enumerate(listed) if r[0] == ABSENT]
+            packed = [j for j, p in enumerate(spanned) if p]
+        else:
+            codes = rows[:, 0]
+            if lowest is None:
+                lowest = int(codes.min())
+            if lowest >= 0 and not (self.raw and (rows[:, 2] != rows[:, 3]).any()):
+                return geom  # every chunk stored, each whole
+            big = np.flatnonzero(codes == TOO_LARGE).tolist()
+            absent = np.flatnonzero(codes == ABSENT).tolist()
+            packed = np.flatnonzero((codes >= 0) & (rows[:, 2] != rows[:, 3])).tolist() \
+                if self.raw else []
+        if big:
             raise self.too_large(int(members[big[0]]), int(rows[big[0], 3]))
-        absent = np.flatnonzero(codes == ABSENT)
-        if len(absent):
+        if absent:
             settle_missing(self.reader.fill_missing, self.reader.missing_count, len(absent),
                            lambda: self.reader.missing_name(self.cells[members[absent[0]]],
                                                            int(self.keys[members[absent[0]]])))
-        if self.raw:
-            packed = np.flatnonzero((codes >= 0) & (rows[:, 2] != rows[:, 3]))
-            if len(packed):
-                geom = geom.copy()
-                for j in packed.tolist():
-                    self.repack(j, int(members[j]), rows[j], geom)
+        if packed:
+            geom = geom.copy()
+            for j in packed:
+                self.repack(j, int(members[j]), rows[j], geom)
         return geom
 
     def repack(self, j: int, i: int, row: np.ndarray, geom: np.ndarray) -> None:
         """Row j read as spans: its geometry becomes the packed chunk's (planes, or rows)."""
         G = GEOM
         assert G is not None
-        g = geom[j]
-        sx, sy, sz = g[G.shape:G.shape + 3].tolist()
-        nc = self.reader.info.num_channels
+        g = geom[j].tolist()
+        sx, sy, sz = g[G.shape:G.shape + 3]
+        nc = self.nc
         es = self.reader.dtype.itemsize
         whole = sx * sy * sz * nc * es
-        if int(row[3]) != whole:
-            raise self.too_large(i, int(row[3]))
-        ey, ez = int(g[G.extent + 1]), int(g[G.extent + 2])
+        read, size = int(row[2]), int(row[3])
+        if size != whole:
+            raise self.too_large(i, size)
+        ey, ez = g[G.extent + 1], g[G.extent + 2]
         oy, oz, hy, hz = G.origin + 1, G.origin + 2, G.shape + 1, G.shape + 2
-        if int(row[2]) == nc * ez * sx * sy * es:
+        if read == nc * ez * sx * sy * es:
             g[oz], g[hz] = 0, ez  # z-planes: origin z 0 of ez planes
-        elif int(row[2]) == nc * ez * ey * sx * es:
+        elif read == nc * ez * ey * sx * es:
             g[oy], g[oz], g[hy], g[hz] = 0, 0, ey, ez  # rows of each plane
         else:
-            raise CorruptChunkError(f"read {int(row[2])} bytes of spans, which fit no layout",
+            raise CorruptChunkError(f"read {read} bytes of spans, which fit no layout",
                                     chunk=self.name(i))
+        geom[j] = g
 
     def too_large(self, i: int, size: int) -> CorruptChunkError:
         return self.reader.oversized(self.cells[i], int(self.keys[i]), size)
@@ -528,17 +622,19 @@ def _local_jobs(read: _Read, out: np.ndarray, inline: bool) -> list[np.ndarray]:
     """A local box read's batches (positions into its cells): one per piece of the work."""
     cells = read.cells
     n = len(cells)
-    groups = read.groups()
     # Chunk files are spread over the pool however small the read (each waits on the disk); the
     # chunks of a shard only when there is enough to decode.
     spread = not inline and n > 1 and (read.kv.one_object_per_key or out.nbytes > INLINE_DECODE_BYTES)
     pieces = min(BATCHES_PER_CORE * base.running_reads.cores, n // MIN_BATCH_CHUNKS) if spread else 1
     pieces = max(1, pieces)
+    if pieces == 1 and read.kv.one_object_per_key:
+        return [read.kv.read_order(read.keys)]  # one group (every chunk file), one piece
     jobs: list[np.ndarray] = []
     # Pieces decoded at once must write disjoint pages of the result: pieces of one group are
     # slabs of it, and groups are taken in page order (two halves of a shard in minishard order,
     # or two shards side by side along x in a Fortran-ordered result, faulted in the same pages
     # at once: seg's `.values` ran at 2.0-2.1 GB/s against ~5, 2 cores).
+    groups = read.groups()
     per = 1 if len(groups) >= base.running_reads.cores else max(1, -(-pieces // len(groups)))
     firsts = np.array([g[0] for g in groups])
     for k in _page_order(cells[firsts], out).tolist():

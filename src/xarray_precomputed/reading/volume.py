@@ -115,6 +115,8 @@ class _Names:
 
 # Up to this many keys, chunk file names are made with Python ints (see ScaleReader._key_names).
 NAMES_IN_PYTHON = 512
+# And unsharded keys: numpy's four calls on the few cells of a crop or a dask task cost more.
+KEYS_IN_PYTHON = 64
 
 
 class ScaleReader(ChunkedScaleReader):
@@ -168,6 +170,8 @@ class ScaleReader(ChunkedScaleReader):
         if gx * gy * gz > 1 << 63:  # a row-major index would wrap: refuse, never a wrong chunk
             raise PrecomputedError(f"scale {self.scale_info.key!r} has {gx * gy * gz} chunks, more "
                                    "than unsharded keys (row-major cell indices) can number")
+        if len(cells) <= KEYS_IN_PYTHON:
+            return np.array([x + gx * (y + gy * z) for x, y, z in cells.tolist()], np.uint64)
         return (cells[:, 0] + gx * (cells[:, 1] + gy * cells[:, 2])).astype(np.uint64)
 
     def _key_name(self, key: int) -> str:
