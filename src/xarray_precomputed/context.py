@@ -32,7 +32,7 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -459,14 +459,32 @@ def default_context() -> Context:
     return _PROCESS.default()
 
 
-def resolve(context: Context | None) -> Context:
-    """`context`, or the default context where it is None (a wrong type raises ArgumentError)."""
+def resolve(context: Context | None, error: type[ArgumentError] = ArgumentError) -> Context:
+    """`context`, or the default context where it is None. A wrong type raises `error` (an
+    ArgumentError: the writers' WriterArgumentError, the exporter's ExportArgumentError) naming
+    the argument."""
     if context is None:
         return default_context()
     if not isinstance(context, Context):
-        raise ArgumentError(f"context must be an xarray_precomputed.Context or None, got "
-                            f"{type(context).__name__}")
+        raise error(f"context must be an xarray_precomputed.Context or None, got "
+                    f"{type(context).__name__}")
     return context
+
+
+def run_threads(fns: Sequence[Callable[[], Any]], workers: int, prefix: str) -> list:
+    """Each of `fns` called on `workers` threads made for this call, their results in order: a
+    write's own threads, as many as its caller's count (`num_workers=` / `max_workers=`, else
+    a context's `encode_threads`), which its tasks may wait on the context's pools from. The
+    first failure is raised once those started have finished (those not started are dropped)."""
+    if workers <= 1 or len(fns) <= 1:
+        return [f() for f in fns]
+    with ThreadPoolExecutor(max_workers=min(workers, len(fns)), thread_name_prefix=prefix) as pool:
+        futures = [pool.submit(f) for f in fns]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
 
 
 def live_contexts() -> list[Context]:

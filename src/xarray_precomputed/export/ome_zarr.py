@@ -33,14 +33,13 @@ import os
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from ..context import Context, resolve
-from ..errors import ArgumentError, ExportArgumentError, ExportError
+from ..errors import ExportArgumentError, ExportError
 from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
 from .ome_metadata import ome_attrs
@@ -81,7 +80,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         shard object) or "size".
     progress: a progress bar on stderr; default only when stderr is a terminal.
     scheduler / num_workers: passed to `dask.compute` (default: dask's current scheduler, a
-        distributed Client when one is active). One task writes one whole shard: from a
+        distributed Client when one is active; on dask's local scheduler, `num_workers`
+        defaults to the context's `encode_threads`). One task writes one whole shard: from a
         precomputed volume given by its URL, each scale whose chunk is the inner chunk streams
         its stored chunks (a few batches of them in memory, the shard written to a local store
         while it is encoded); from other input (a Dataset or DataTree handed in, whose values
@@ -100,11 +100,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         raise ExportError(f"verify must be 'checksum' or 'size', got {verify!r}")
     if progress is not None and not isinstance(progress, bool):
         raise ExportArgumentError(f"progress must be True, False or None, got {progress!r}")
-    if context is not None:
-        try:
-            resolve(context)
-        except ArgumentError as e:
-            raise ExportArgumentError(str(e)) from None
+    ctx = resolve(context, ExportArgumentError)
     own_volume = None  # the precomputed volume opened here, whose stored chunks may stream
     if isinstance(obj, (str, os.PathLike)):
         import xarray as xr
@@ -159,25 +155,25 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     pending: list[tuple[ScalePlan, ArrayState, tuple]] = []
     reports: dict[str, ArrayReport] = {}
     records: dict[str, dict[str, list]] = {}
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        for s, st in states:
-            ar = ArrayReport(s.name, s.zshape, s.zchunks, s.zshards)
-            reports[s.name] = ar
-            report.arrays.append(ar)
-            known = st.recorded()
-            all_coords = list(itertools.product(*(range(g) for g in s.shard_grid())))
-            ar.n_shards = len(all_coords)
-            names = [coords_name(c) for c in all_coords]
-            checks = {n: pool.submit(st.verify, c, known[n], verify)
-                      for n, c in zip(names, all_coords) if n in known}
-            good: dict[str, list] = {}
-            for n, c in zip(names, all_coords):
-                if n in checks and checks[n].result():
-                    good[n] = known[n]
-                    ar.skipped += 1
-                else:
-                    pending.append((s, st, c))
-            records[s.name] = good
+    pool = ctx.io_pool()  # checking a recorded shard reads it
+    for s, st in states:
+        ar = ArrayReport(s.name, s.zshape, s.zchunks, s.zshards)
+        reports[s.name] = ar
+        report.arrays.append(ar)
+        known = st.recorded()
+        all_coords = list(itertools.product(*(range(g) for g in s.shard_grid())))
+        ar.n_shards = len(all_coords)
+        names = [coords_name(c) for c in all_coords]
+        checks = {n: pool.submit(st.verify, c, known[n], verify)
+                  for n, c in zip(names, all_coords) if n in known}
+        good: dict[str, list] = {}
+        for n, c in zip(names, all_coords):
+            if n in checks and checks[n].result():
+                good[n] = known[n]
+                ar.skipped += 1
+            else:
+                pending.append((s, st, c))
+        records[s.name] = good
 
     show = sys.stderr.isatty() if progress is None else progress
     bar = Progress(len(pending)) if show and pending else None
@@ -187,6 +183,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     readers = {s.name: None if s.name in dask_sources else stored_chunk_reader(s, own_volume)
                for s, _ in states}
     local = _local_scheduler(scheduler)
+    if num_workers is None:
+        num_workers = _local_threads(scheduler, local, ctx)
     try:
         for start in range(0, len(pending), _BATCH):
             batch = pending[start:start + _BATCH]
@@ -226,7 +224,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         if bar is not None:
             bar.close()
 
-    for name, nbytes in finish(states, records).items():
+    for name, nbytes in finish(states, records, ctx).items():
         reports[name].bytes_stored = nbytes
     report.seconds = time.perf_counter() - t0
     return report
@@ -245,6 +243,22 @@ def _engine(engine: Any) -> Any:
         return engine
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def _local_threads(scheduler: Any, local: Any, ctx: Context) -> int | None:
+    """How many shard tasks dask's local scheduler runs at once: as many as the context has
+    encoding threads (each task encodes on them, and holds a shard's columns); None where the
+    tasks run elsewhere (a distributed Client, a scheduler or pool the user set up), which
+    sizes itself."""
+    import dask
+
+    if scheduler is None:
+        if dask.config.get("scheduler", None) is not None or dask.config.get("pool", None) is not None:
+            return None
+        local = _local_scheduler("threads")  # what dask runs delayed tasks on by default
+    if local is None or dask.config.get("num_workers", None) is not None:
+        return None
+    return ctx.encode_threads
 
 
 def _local_scheduler(scheduler: Any) -> Any:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,7 +30,6 @@ from ..errors import ArgumentError, CorruptChunkError, MissingChunkError, Storag
 from ..format.annotation_info import AnnotationInfo, IndexSpec, SpatialLevel, parse_annotation_info
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
-from ..util import cpu_pool_size
 
 # One stored value (a spatial cell, a relationship list, a record) above this is refused before
 # it is fetched: a damaged index could otherwise ask for any size.
@@ -331,8 +329,8 @@ class AnnotationSource:
     def _map(self, fn, items: Sequence) -> list:
         if len(items) <= 1:
             return [fn(x) for x in items]
-        with ThreadPoolExecutor(min(len(items), max(2, cpu_pool_size()))) as pool:
-            return list(pool.map(fn, items))
+        # the decode pool of the store's context: what reads by this set's context share
+        return list(self.store.context.cpu_pool().map(fn, items))
 
 
 def _cell_name(level: SpatialLevel, key: int) -> str:
