@@ -298,9 +298,12 @@ class Context:
             given.get("decoded_object_cache_bytes", DECODED_OBJECT_CACHE_BYTES))
         self.requests = Counters()
         self.index_fetches = Counters()
-        self._cpu = ForkSafePool(lambda: self.decode_threads, "xarray-precomputed")
-        self._io = ForkSafePool(lambda: self.io_threads, "xarray-precomputed-io")
-        self._encode = ForkSafePool(lambda: self.encode_threads, "xarray-precomputed-encode")
+        # Threads named for their pool and context, so that a stack dump (or `pool_of`) says whose
+        self._prefixes = {kind: f"xarray-precomputed-{kind}-{token[:8]}"
+                          for kind in ("decode", "io", "encode")}
+        self._cpu = ForkSafePool(lambda: self.decode_threads, self._prefixes["decode"])
+        self._io = ForkSafePool(lambda: self.io_threads, self._prefixes["io"])
+        self._encode = ForkSafePool(lambda: self.encode_threads, self._prefixes["encode"])
         self._shared: dict[Any, tuple[int, Any]] = {}
         self._shared_lock = threading.Lock()
         if register:
@@ -320,6 +323,12 @@ class Context:
         """The exporter's chunk-encoding pool (`encode_threads`), shared by the shard tasks that
         run at once; made on first use (again in a forked child)."""
         return self._encode.get()
+
+    def pool_of(self, thread: threading.Thread | None = None) -> str | None:
+        """Which of this context's pools `thread` (default: the calling one) is a thread of:
+        "decode", "io", "encode", or None."""
+        name = (thread or threading.current_thread()).name.rpartition("_")[0]
+        return next((kind for kind, prefix in self._prefixes.items() if name == prefix), None)
 
     # -- what it opened
     def shared(self, key: Any, make: Callable[[], Any]) -> Any:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..context import Context, resolve
+from ..context import Context, dask_worker, resolve
 from ..errors import ExportArgumentError, ExportError
 from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
@@ -182,9 +182,11 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
                     if s.var is not None and s.var.chunks is not None}
     readers = {s.name: None if s.name in dask_sources else stored_chunk_reader(s, own_volume)
                for s, _ in states}
-    local = _local_scheduler(scheduler)
-    if num_workers is None:
-        num_workers = _local_threads(scheduler, local, ctx)
+    local = _local_scheduler("threads" if scheduler is None and _default_is_local() else scheduler)
+    if local is not None and num_workers is None and dask.config.get("num_workers", None) is None:
+        # as many shard tasks at once as the context has encoding threads: each encodes on
+        # them and holds a shard's columns (dask's own default is the machine's CPU count)
+        num_workers = ctx.encode_threads
     try:
         for start in range(0, len(pending), _BATCH):
             batch = pending[start:start + _BATCH]
@@ -245,20 +247,14 @@ def _engine(engine: Any) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
-def _local_threads(scheduler: Any, local: Any, ctx: Context) -> int | None:
-    """How many shard tasks dask's local scheduler runs at once: as many as the context has
-    encoding threads (each task encodes on them, and holds a shard's columns); None where the
-    tasks run elsewhere (a distributed Client, a scheduler or pool the user set up), which
-    sizes itself."""
+def _default_is_local() -> bool:
+    """Whether dask.compute without a scheduler runs delayed tasks on its local threads: no
+    scheduler set (a distributed Client sets one) or thread pool given in dask's config, and
+    not inside a dask.distributed task (whose worker's client would run them)."""
     import dask
 
-    if scheduler is None:
-        if dask.config.get("scheduler", None) is not None or dask.config.get("pool", None) is not None:
-            return None
-        local = _local_scheduler("threads")  # what dask runs delayed tasks on by default
-    if local is None or dask.config.get("num_workers", None) is not None:
-        return None
-    return ctx.encode_threads
+    return (dask.config.get("scheduler", None) is None and dask.config.get("pool", None) is None
+            and dask_worker() is None)
 
 
 def _local_scheduler(scheduler: Any) -> Any:

@@ -43,6 +43,8 @@ ENUMERATE_CELLS = 1 << 14
 class AnnotationSource:
     """A precomputed annotation set: its `info` and its indexes, read as numpy columns."""
 
+    context_given: Any = None
+
     def __init__(self, url: str, info: AnnotationInfo, store: Store,
                  storage_options: dict | None = None):
         self.url = url
@@ -66,7 +68,9 @@ class AnnotationSource:
                 raise StorageError("no annotation info file here", url=store.describe("info"))
             source = store.describe("info")
         parsed = info if isinstance(info, AnnotationInfo) else parse_annotation_info(info, source=source)
-        return cls(url, parsed, store, storage_options)
+        made = cls(url, parsed, store, storage_options)
+        made.context_given = context  # what its dask tasks open with (by token)
+        return made
 
     # ---- the key-value stores of the indexes ------------------------------------------------
 
