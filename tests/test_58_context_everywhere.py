@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import threading
-import time
 from contextlib import contextmanager
 
 import igneous_sets
@@ -49,17 +48,29 @@ def only_in(ctx: Context):
     assert ctx.counters() != mine
 
 
-def _pools_of(monkeypatch, cls, name: str, ctx: Context, *, pause: float = 0.0) -> list:
-    """Record, for each call of `cls.name`, which pool of `ctx` runs it and on which thread."""
-    seen: list[tuple[str | None, str]] = []
-    lock = threading.Lock()
+class Threads(list):
+    """The (pool of the context, thread name) of each call recorded; `meet` as `_pools_of` says."""
+    meet = 1
+
+    def names(self) -> set[str]:
+        return {n for _, n in self}
+
+
+def _pools_of(monkeypatch, cls, name: str, ctx: Context, *, meet: int = 1) -> Threads:
+    """Record, for each call of `cls.name`, which pool of `ctx` runs it and on which thread. A
+    call waits (up to 5 s) until calls on `meet` threads have been seen, so that a pool of at
+    least that many threads puts that many to work (and a larger one more), however loaded the
+    machine."""
+    seen = Threads()
+    seen.meet = meet
+    met = threading.Condition()
     real = getattr(cls, name)
 
     def wrapped(*args, **kwargs):
-        with lock:
+        with met:
             seen.append((ctx.pool_of(), threading.current_thread().name))
-        if pause:
-            time.sleep(pause)  # so that a pool puts each of its threads to work
+            met.notify_all()
+            met.wait_for(lambda: len(seen.names()) >= seen.meet, timeout=5)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cls, name, wrapped)
@@ -133,14 +144,14 @@ def points(tmp_path_factory):
 def test_annotations_read_on_the_users_decode_pool(points, monkeypatch, threads):
     path, truth = points
     ctx = Context(decode_threads=threads)
-    seen = _pools_of(monkeypatch, AnnotationSource, "read_keys", ctx, pause=0.01)
+    seen = _pools_of(monkeypatch, AnnotationSource, "read_keys", ctx, meet=threads)
     with only_in(ctx):
         ds = xp.Annotations.open(str(path), context=ctx).to_dataset(source="spatial")
     assert sorted(ds["annotation"].values.tolist()) == sorted(truth.ids.tolist())
     assert ctx.index_fetches["shard_index"] + ctx.index_fetches["minishard_index"] >= 1
     assert len(seen) > threads  # several (level, shard) reads, so the pool's size shows
     assert {pool for pool, _ in seen} == {"decode"}
-    assert len({name for _, name in seen}) == threads
+    assert len(seen.names()) == threads
 
 
 def test_annotation_dask_tasks_read_through_the_users_context(points):
@@ -166,20 +177,21 @@ def test_to_annotations_writes_through_the_users_context_on_its_threads(tmp_path
     frame = pd.DataFrame(xyz, columns=list("xyz"), index=pd.Index(ids, name="annotation_id"))
     n = context.default_context().encode_threads + 1  # more than the default context has
     ctx = Context(encode_threads=n)
-    seen = _pools_of(monkeypatch, writer, "_write_bucket", ctx, pause=0.005)
+    seen = _pools_of(monkeypatch, writer, "_write_bucket", ctx, meet=n)
     with only_in(ctx):
         xp.to_annotations(frame, tmp_path / "a", annotation_type="point", limit=100,
                           sharding=False, context=ctx)
     files = [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
     assert ctx.requests["write"] == len(files)
-    assert len({name for _, name in seen}) == n
+    assert len(seen.names()) == n
     got = AnnotationReader(f"file://{os.path.abspath(tmp_path / 'a')}/")
     assert sorted(int(a.id) for a in got.get_within_spatial_bounds()) == sorted(ids.tolist())
     # `max_workers=` wins over the context
     seen.clear()
+    seen.meet = 2
     xp.to_annotations(frame, tmp_path / "b", annotation_type="point", limit=100, sharding=False,
                       context=ctx, max_workers=2)
-    assert len({name for _, name in seen}) == 2
+    assert len(seen.names()) == 2
     with pytest.raises(WriterArgumentError, match="context"):
         xp.to_annotations(frame, tmp_path / "refused", annotation_type="point", context=WRONG)
     assert not (tmp_path / "refused").exists()
@@ -272,11 +284,11 @@ def test_downsample_works_on_the_users_encoding_threads(monkeypatch, threads):
     da = xr.DataArray(data, dims=("x", "y", "z"), name="segmentation")
     want = xp.downsample(da, (2, 2, 2))  # on the default context
     ctx = Context(encode_threads=threads)
-    seen = _pools_of(monkeypatch, downsample_module, "_reduce_padded", ctx, pause=0.01)
+    seen = _pools_of(monkeypatch, downsample_module, "_reduce_padded", ctx, meet=threads)
     got = xp.downsample(da, (2, 2, 2), context=ctx)
     xr.testing.assert_identical(got, want)
     assert len(seen) >= threads
-    assert len({name for _, name in seen}) == threads
+    assert len(seen.names()) == threads
     if threads > 1:  # one thread: the caller's own
         assert {pool for pool, _ in seen} == {"encode"}
     with pytest.raises(WriterArgumentError, match="context"):
