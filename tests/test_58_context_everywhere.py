@@ -128,6 +128,18 @@ def test_segment_properties_read_and_written_through_the_users_context(tmp_path)
     assert not (tmp_path / "refused").exists()
 
 
+def test_sample_volume_writes_through_the_users_context(tmp_path):
+    ctx = Context()
+    with only_in(ctx):
+        xp.sample_volume(tmp_path / "v", context=ctx)
+    files = [p for p in (tmp_path / "v").rglob("*") if p.is_file()]
+    assert ctx.requests["write"] == len(files)
+    np.testing.assert_array_equal(oracle.ts_read(tmp_path / "v")[..., 0], xp.sample_data())
+    with pytest.raises(WriterArgumentError, match="context"):
+        xp.sample_volume(tmp_path / "refused", context=WRONG)
+    assert not (tmp_path / "refused").exists()
+
+
 # ---------------------------------------------------------------- annotations
 
 
