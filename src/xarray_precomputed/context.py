@@ -3,7 +3,8 @@
 A `Context` holds what reads (and the writers and exporter, through the stores they open) share:
 - the decode pool (`decode_threads`), the pool of threads that wait on remote stores
   (`io_threads`, requests or request batches in flight at once) and the threads that encode
-  chunks for the writers and the exporter (`encode_threads`);
+  chunks for the writers and the exporter (`encode_threads`), their threads named by pool and
+  context (`Context.pool_of` tells which a thread is of);
 - the shard-index cache (minishard indices and each shard file's form, `shard_index_cache_bytes`);
 - an optional cache of decoded chunks (`chunk_cache_bytes`; None or 0: none);
 - the cache of whole decoded objects (Content-Encoded objects, CloudFiles' `<key>.gz` files) that
