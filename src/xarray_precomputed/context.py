@@ -3,7 +3,8 @@
 A `Context` holds what reads (and the writers and exporter, through the stores they open) share:
 - the decode pool (`decode_threads`), the pool of threads that wait on remote stores
   (`io_threads`, requests or request batches in flight at once) and the threads that encode
-  chunks for the writers and the exporter (`encode_threads`);
+  chunks for the writers and the exporter (`encode_threads`), their threads named by pool and
+  context (`Context.pool_of` tells which a thread is of);
 - the shard-index cache (minishard indices and each shard file's form, `shard_index_cache_bytes`);
 - an optional cache of decoded chunks (`chunk_cache_bytes`; None or 0: none);
 - the cache of whole decoded objects (Content-Encoded objects, CloudFiles' `<key>.gz` files) that
@@ -32,7 +33,7 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -298,9 +299,12 @@ class Context:
             given.get("decoded_object_cache_bytes", DECODED_OBJECT_CACHE_BYTES))
         self.requests = Counters()
         self.index_fetches = Counters()
-        self._cpu = ForkSafePool(lambda: self.decode_threads, "xarray-precomputed")
-        self._io = ForkSafePool(lambda: self.io_threads, "xarray-precomputed-io")
-        self._encode = ForkSafePool(lambda: self.encode_threads, "xarray-precomputed-encode")
+        # Threads named for their pool and context, so that a stack dump (or `pool_of`) says whose
+        self._prefixes = {kind: f"xarray-precomputed-{kind}-{token[:8]}"
+                          for kind in ("decode", "io", "encode")}
+        self._cpu = ForkSafePool(lambda: self.decode_threads, self._prefixes["decode"])
+        self._io = ForkSafePool(lambda: self.io_threads, self._prefixes["io"])
+        self._encode = ForkSafePool(lambda: self.encode_threads, self._prefixes["encode"])
         self._shared: dict[Any, tuple[int, Any]] = {}
         self._shared_lock = threading.Lock()
         if register:
@@ -320,6 +324,12 @@ class Context:
         """The exporter's chunk-encoding pool (`encode_threads`), shared by the shard tasks that
         run at once; made on first use (again in a forked child)."""
         return self._encode.get()
+
+    def pool_of(self, thread: threading.Thread | None = None) -> str | None:
+        """Which of this context's pools `thread` (default: the calling one) is a thread of:
+        "decode", "io", "encode", or None."""
+        name = (thread or threading.current_thread()).name.rpartition("_")[0]
+        return next((kind for kind, prefix in self._prefixes.items() if name == prefix), None)
 
     # -- what it opened
     def shared(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -459,14 +469,32 @@ def default_context() -> Context:
     return _PROCESS.default()
 
 
-def resolve(context: Context | None) -> Context:
-    """`context`, or the default context where it is None (a wrong type raises ArgumentError)."""
+def resolve(context: Context | None, error: type[ArgumentError] = ArgumentError) -> Context:
+    """`context`, or the default context where it is None. A wrong type raises `error` (an
+    ArgumentError: the writers' WriterArgumentError, the exporter's ExportArgumentError) naming
+    the argument."""
     if context is None:
         return default_context()
     if not isinstance(context, Context):
-        raise ArgumentError(f"context must be an xarray_precomputed.Context or None, got "
-                            f"{type(context).__name__}")
+        raise error(f"context must be an xarray_precomputed.Context or None, got "
+                    f"{type(context).__name__}")
     return context
+
+
+def run_threads(fns: Sequence[Callable[[], Any]], workers: int, prefix: str) -> list:
+    """Each of `fns` called on `workers` threads made for this call, their results in order: a
+    write's own threads, as many as its caller's count (`num_workers=` / `max_workers=`, else
+    a context's `encode_threads`), which its tasks may wait on the context's pools from. The
+    first failure is raised once those started have finished (those not started are dropped)."""
+    if workers <= 1 or len(fns) <= 1:
+        return [f() for f in fns]
+    with ThreadPoolExecutor(max_workers=min(workers, len(fns)), thread_name_prefix=prefix) as pool:
+        futures = [pool.submit(f) for f in fns]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
 
 
 def live_contexts() -> list[Context]:

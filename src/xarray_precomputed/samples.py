@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,8 @@ def _as_dataarray(data: np.ndarray, name: str):
     return xr.DataArray(data, dims=("x", "y", "z"), coords=coords, name=name)
 
 
-def sample_volume(path, kind: str = "segmentation", *, storage_options: dict | None = None) -> str:
+def sample_volume(path, kind: str = "segmentation", *, storage_options: dict | None = None,
+                  context: Any = None) -> str:
     """Write a small real precomputed volume at `path` (a directory or any URL the writer takes)
     with this package's writer, and return `path` as a string.
 
@@ -79,14 +81,14 @@ def sample_volume(path, kind: str = "segmentation", *, storage_options: dict | N
     from .writing.precomputed import to_precomputed
 
     data = sample_data(kind)
-    tree = downsample(_as_dataarray(data, kind), (2, 2, 2), levels=1)
+    tree = downsample(_as_dataarray(data, kind), (2, 2, 2), levels=1, context=context)
     url = str(path)
     if kind == "segmentation":
         # 8 chunks of 16³ uint64 per shard: shard files are 2×2×2-chunk boxes.
         to_precomputed(tree, url, volume_type="segmentation", encoding="compressed_segmentation",
                        chunk_size=(16, 16, 16), sharding="auto", shard_bytes=8 * 16**3 * 8,
-                       storage_options=storage_options)
+                       storage_options=storage_options, context=context)
     else:
         to_precomputed(tree, url, volume_type="image", encoding="raw", chunk_size=(32, 32, 32),
-                       sharding=False, storage_options=storage_options)
+                       sharding=False, storage_options=storage_options, context=context)
     return url

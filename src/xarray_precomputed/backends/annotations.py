@@ -162,12 +162,13 @@ class Annotations:
                            enforce_metadata=False)
 
     def _state(self) -> tuple:
-        return self.url, self.source.storage_options, json.dumps(self.info.to_json())
+        return (self.url, self.source.storage_options, json.dumps(self.info.to_json()),
+                self.source.context_given)
 
 
 def _open_state(state: tuple) -> AnnotationSource:
-    url, storage_options, info = state
-    return AnnotationSource.open(url, storage_options=storage_options, info=info)
+    url, storage_options, info, context = state
+    return AnnotationSource.open(url, storage_options=storage_options, info=info, context=context)
 
 
 def _read_frame_part(part: tuple, state: tuple):
@@ -296,7 +297,7 @@ def is_annotation_dir(url, storage_options: dict | None = None, info: Any = None
 
 def open_annotation_dataset(url, *, storage_options: dict | None = None, info: Any = None,
                             drop_variables: str | Iterable[str] | None = None,
-                            source: str = "spatial") -> xr.Dataset:
+                            source: str = "spatial", context: Any = None) -> xr.Dataset:
     """What `xr.open_dataset(url, engine="precomputed")` gives for an annotation directory."""
-    return drop(Annotations.open(url, storage_options, info=info).to_dataset(source=source),
-                drop_variables)
+    return drop(Annotations.open(url, storage_options, info=info, context=context
+                                 ).to_dataset(source=source), drop_variables)

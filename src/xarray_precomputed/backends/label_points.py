@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..context import Context
 from ..errors import ArgumentError, BoundsError
 from ..reading.volume import Volume
 
@@ -68,7 +69,7 @@ def _dataset_points(ds: xr.Dataset) -> tuple[np.ndarray, Any]:
 
 def label_points(segmentation, points, *, units: str = "nm", outside: str = "zero",
                  channel: int = 0, storage_options: dict | None = None,
-                 fill_missing: bool = True):
+                 fill_missing: bool = True, context: Context | None = None):
     """The segment id at each point: a uint64 array (N,) for an (N, 3) array of x, y, z, or a
     DataArray over `annotation` for an annotation Dataset (its coordinates converted to nm).
 
@@ -92,7 +93,8 @@ def label_points(segmentation, points, *, units: str = "nm", outside: str = "zer
             raise ArgumentError(f"points must be an (N, 3) array of x, y, z, got shape {pts.shape}")
     if not np.all(np.isfinite(pts)):
         raise ArgumentError("points: every coordinate must be finite")
-    scale = Volume.open(url, storage_options=storage_options, fill_missing=fill_missing).scale(key)
+    scale = Volume.open(url, storage_options=storage_options, fill_missing=fill_missing,
+                        context=context).scale(key)
     info = scale.scale_info
     if units == "nm":
         voxel = np.floor(pts / np.asarray(info.resolution, np.float64))

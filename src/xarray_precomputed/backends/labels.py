@@ -20,6 +20,7 @@ import xarray as xr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
+from ..context import Context
 from ..errors import ArgumentError
 from ..reading.region_labels import MappedScaleReader, reads_mapped, region_labels
 from ..reading.volume import Volume
@@ -58,7 +59,8 @@ def _channel_index(seg: xr.DataArray) -> np.ndarray | None:
     return None
 
 
-def unique_labels(segmentation, *, return_counts: bool = False, storage_options: dict | None = None):
+def unique_labels(segmentation, *, return_counts: bool = False, storage_options: dict | None = None,
+                  context: Context | None = None):
     """The sorted uint64 ids in `segmentation` (a DataArray the precomputed engine opened, or a
     box of it), and with `return_counts=True` how many voxels hold each, as `np.unique` of its
     values gives them. A box is answered chunk by chunk from what each encoding stores
@@ -66,7 +68,7 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
     url, key = segmentation_source(segmentation)
     seg = segmentation if isinstance(segmentation, xr.DataArray) else \
         segmentation[[n for n in segmentation.data_vars][0]]
-    scale = Volume.open(url, storage_options=storage_options).scale(key)
+    scale = Volume.open(url, storage_options=storage_options, context=context).scale(key)
     box = _box(seg, scale)
     if box is None:  # not a box of voxels: reduce its values
         values = np.asarray(seg.values).astype(np.uint64, copy=False)
@@ -209,7 +211,7 @@ def _positions(whole: xr.DataArray, dim: Hashable, values: np.ndarray) -> Any:
 
 
 def relabel(segmentation, mapping, *, default: int | None = None,
-            storage_options: dict | None = None) -> xr.DataArray:
+            storage_options: dict | None = None, context: Context | None = None) -> xr.DataArray:
     """`segmentation` (a DataArray the precomputed engine opened, or a box of it) with every id
     replaced through `mapping` (see `mapping_of`); ids not in it keep their value, or take
     `default`. Its type is the input's, or uint64 where a new id does not fit it. Lazy: a block
@@ -218,9 +220,11 @@ def relabel(segmentation, mapping, *, default: int | None = None,
     seg = segmentation if isinstance(segmentation, xr.DataArray) else \
         segmentation[[n for n in segmentation.data_vars][0]]
     m = mapping_of(mapping, default)
-    whole = xr.open_dataset(url, engine="precomputed", scale=key, storage_options=storage_options)
+    volume = Volume.open(url, storage_options=storage_options, context=context)
+    whole = xr.open_dataset(url, engine="precomputed", scale=key, storage_options=storage_options,
+                            context=context)
     var = whole[seg.name] if seg.name in whole else whole[list(whole.data_vars)[0]]
-    scale = Volume.open(url, storage_options=storage_options).scale(key)
+    scale = volume.scale(key)
     if reads_mapped(scale, m.result_dtype(scale.dtype)):
         # each block decoded with its mapped lookup table: no pass over the voxels after
         reader = MappedScaleReader(scale.url, scale.info, scale.scale_info,

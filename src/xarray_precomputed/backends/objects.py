@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from ..context import Context
 from ..reading.meshes import Mesh, MeshReader
 from ..reading.skeletons import Skeleton, SkeletonReader
 
@@ -65,8 +66,9 @@ class Skeletons:
         self.reader = reader
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None) -> "Skeletons":
-        return cls(SkeletonReader.open(url, storage_options))
+    def open(cls, url: str, storage_options: dict | None = None, *,
+             context: Context | None = None) -> "Skeletons":
+        return cls(SkeletonReader.open(url, storage_options, context=context))
 
     @property
     def info(self):
@@ -147,8 +149,9 @@ class Meshes:
         self.reader = reader
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None) -> "Meshes":
-        return cls(MeshReader.open(url, storage_options))
+    def open(cls, url: str, storage_options: dict | None = None, *,
+             context: Context | None = None) -> "Meshes":
+        return cls(MeshReader.open(url, storage_options, context=context))
 
     @property
     def info(self):

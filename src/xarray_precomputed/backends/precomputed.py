@@ -404,7 +404,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
             vol = _open_volume(filename_or_obj, fill_missing, storage_options, info, missing_count,
                                context, chunk_cache)
         except InfoError:
-            other = open_other_kind(os.fspath(filename_or_obj), storage_options, info)
+            other = open_other_kind(os.fspath(filename_or_obj), storage_options, info, context)
             if other is None:
                 raise
             return drop(other, drop_variables)
@@ -444,7 +444,7 @@ class PrecomputedBackendEntrypoint(BackendEntrypoint):
         if props is not None and group in (None, "", "/"):
             root.attrs["segment_properties"] = props
             groups["/segment_properties"] = open_segment_properties(
-                props, storage_options=storage_options)
+                props, storage_options=storage_options, context=context)
         return groups
 
     open_datatree = datatree_opener(open_groups_as_dict)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..context import Context
 from ..errors import InfoError, StorageError
 from ..format.segment_properties import SegmentProperties, parse_segment_properties
 from ..storage import open_store
@@ -21,9 +22,10 @@ from ..storage import open_store
 KIND_ATTR = "segment_property_type"
 
 
-def read_properties(url: str, storage_options: dict | None = None) -> SegmentProperties:
+def read_properties(url: str, storage_options: dict | None = None, *,
+                    context: Context | None = None) -> SegmentProperties:
     """The parsed `info` of a `neuroglancer_segment_properties` folder."""
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, context=context)
     raw = store.read("info")
     if raw is None:
         raise StorageError(f"no segment properties: {store.describe('info')} does not exist",
@@ -36,10 +38,11 @@ def read_properties(url: str, storage_options: dict | None = None) -> SegmentPro
         raise
 
 
-def open_segment_properties(url: str, *, storage_options: dict | None = None) -> xr.Dataset:
+def open_segment_properties(url: str, *, storage_options: dict | None = None,
+                            context: Context | None = None) -> xr.Dataset:
     """A `neuroglancer_segment_properties` folder as a Dataset over `segment` (its uint64 ids, in
     the file's order), one variable per property, named by its id."""
-    ds = properties_dataset(read_properties(url, storage_options))
+    ds = properties_dataset(read_properties(url, storage_options, context=context))
     ds.encoding["source"] = url
     return ds
 

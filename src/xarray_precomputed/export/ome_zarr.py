@@ -33,14 +33,13 @@ import os
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..context import Context, resolve
-from ..errors import ArgumentError, ExportArgumentError, ExportError
+from ..context import Context, dask_worker, resolve
+from ..errors import ExportArgumentError, ExportError
 from .chunk_source import stored_chunk_reader
 from .ome_metadata import compressors as make_compressors
 from .ome_metadata import ome_attrs
@@ -81,7 +80,8 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         shard object) or "size".
     progress: a progress bar on stderr; default only when stderr is a terminal.
     scheduler / num_workers: passed to `dask.compute` (default: dask's current scheduler, a
-        distributed Client when one is active). One task writes one whole shard: from a
+        distributed Client when one is active; on dask's local scheduler, `num_workers`
+        defaults to the context's `encode_threads`). One task writes one whole shard: from a
         precomputed volume given by its URL, each scale whose chunk is the inner chunk streams
         its stored chunks (a few batches of them in memory, the shard written to a local store
         while it is encoded); from other input (a Dataset or DataTree handed in, whose values
@@ -100,11 +100,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         raise ExportError(f"verify must be 'checksum' or 'size', got {verify!r}")
     if progress is not None and not isinstance(progress, bool):
         raise ExportArgumentError(f"progress must be True, False or None, got {progress!r}")
-    if context is not None:
-        try:
-            resolve(context)
-        except ArgumentError as e:
-            raise ExportArgumentError(str(e)) from None
+    ctx = resolve(context, ExportArgumentError)
     own_volume = None  # the precomputed volume opened here, whose stored chunks may stream
     if isinstance(obj, (str, os.PathLike)):
         import xarray as xr
@@ -159,25 +155,25 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
     pending: list[tuple[ScalePlan, ArrayState, tuple]] = []
     reports: dict[str, ArrayReport] = {}
     records: dict[str, dict[str, list]] = {}
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        for s, st in states:
-            ar = ArrayReport(s.name, s.zshape, s.zchunks, s.zshards)
-            reports[s.name] = ar
-            report.arrays.append(ar)
-            known = st.recorded()
-            all_coords = list(itertools.product(*(range(g) for g in s.shard_grid())))
-            ar.n_shards = len(all_coords)
-            names = [coords_name(c) for c in all_coords]
-            checks = {n: pool.submit(st.verify, c, known[n], verify)
-                      for n, c in zip(names, all_coords) if n in known}
-            good: dict[str, list] = {}
-            for n, c in zip(names, all_coords):
-                if n in checks and checks[n].result():
-                    good[n] = known[n]
-                    ar.skipped += 1
-                else:
-                    pending.append((s, st, c))
-            records[s.name] = good
+    pool = ctx.io_pool()  # checking a recorded shard reads it
+    for s, st in states:
+        ar = ArrayReport(s.name, s.zshape, s.zchunks, s.zshards)
+        reports[s.name] = ar
+        report.arrays.append(ar)
+        known = st.recorded()
+        all_coords = list(itertools.product(*(range(g) for g in s.shard_grid())))
+        ar.n_shards = len(all_coords)
+        names = [coords_name(c) for c in all_coords]
+        checks = {n: pool.submit(st.verify, c, known[n], verify)
+                  for n, c in zip(names, all_coords) if n in known}
+        good: dict[str, list] = {}
+        for n, c in zip(names, all_coords):
+            if n in checks and checks[n].result():
+                good[n] = known[n]
+                ar.skipped += 1
+            else:
+                pending.append((s, st, c))
+        records[s.name] = good
 
     show = sys.stderr.isatty() if progress is None else progress
     bar = Progress(len(pending)) if show and pending else None
@@ -186,7 +182,11 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
                     if s.var is not None and s.var.chunks is not None}
     readers = {s.name: None if s.name in dask_sources else stored_chunk_reader(s, own_volume)
                for s, _ in states}
-    local = _local_scheduler(scheduler)
+    local = _local_scheduler("threads" if scheduler is None and _default_is_local() else scheduler)
+    if local is not None and num_workers is None and dask.config.get("num_workers", None) is None:
+        # as many shard tasks at once as the context has encoding threads: each encodes on
+        # them and holds a shard's columns (dask's own default is the machine's CPU count)
+        num_workers = ctx.encode_threads
     try:
         for start in range(0, len(pending), _BATCH):
             batch = pending[start:start + _BATCH]
@@ -226,7 +226,7 @@ def to_ome_zarr(obj: Any, store: Any, *, scales: Iterable[int | str] | None = No
         if bar is not None:
             bar.close()
 
-    for name, nbytes in finish(states, records).items():
+    for name, nbytes in finish(states, records, ctx).items():
         reports[name].bytes_stored = nbytes
     report.seconds = time.perf_counter() - t0
     return report
@@ -245,6 +245,16 @@ def _engine(engine: Any) -> Any:
         return engine
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def _default_is_local() -> bool:
+    """Whether dask.compute without a scheduler runs delayed tasks on its local threads: no
+    scheduler set (a distributed Client sets one) or thread pool given in dask's config, and
+    not inside a dask.distributed task (whose worker's client would run them)."""
+    import dask
+
+    return (dask.config.get("scheduler", None) is None and dask.config.get("pool", None) is None
+            and dask_worker() is None)
 
 
 def _local_scheduler(scheduler: Any) -> Any:

@@ -9,10 +9,9 @@ import hashlib
 import json
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from ..context import Context
+from ..context import Context, resolve
 from ..errors import ExportError
 from .plan import ScalePlan
 from .shard_encoder import FileSink, MemorySink, ShardEncoder, ShardSink
@@ -173,19 +172,21 @@ def open_or_create(group, s: ScalePlan, compressors, context: Context | None = N
     return st
 
 
-def finish(states: list, records: dict[str, dict[str, list]]) -> dict[str, int]:
+def finish(states: list, records: dict[str, dict[str, list]], context: Context | None = None
+           ) -> dict[str, int]:
     """Consolidate each array's markers into its manifest, then drop them (and zarr's stale
-    `.partial` files); returns the stored bytes of each array."""
+    `.partial` files), the deletes on `context`'s I/O threads; returns the stored bytes of each
+    array."""
     stored = {}
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        for s, st in states:
-            recs = records[s.name]
-            put_json(st.state / "manifest.json", {"format": PLAN_FORMAT, "shards": recs})
-            stored[s.name] = sum(r[0] or 0 for r in recs.values())
-            prefix_done = (st.state / "done").path + "/"
-            keys = list_keys(st.sp.store, prefix_done)
-            # zarr's local store writes `<key>.<uuid>.partial` and renames it into place: a run
-            # killed mid-write leaves one behind, which nothing else would ever remove.
-            keys += [k for k in list_keys(st.sp.store, st.sp.path + "/") if k.endswith(".partial")]
-            list(pool.map(lambda k, store=st.sp.store: sync(store.delete(k)), keys))
+    pool = resolve(context).io_pool()
+    for s, st in states:
+        recs = records[s.name]
+        put_json(st.state / "manifest.json", {"format": PLAN_FORMAT, "shards": recs})
+        stored[s.name] = sum(r[0] or 0 for r in recs.values())
+        prefix_done = (st.state / "done").path + "/"
+        keys = list_keys(st.sp.store, prefix_done)
+        # zarr's local store writes `<key>.<uuid>.partial` and renames it into place: a run
+        # killed mid-write leaves one behind, which nothing else would ever remove.
+        keys += [k for k in list_keys(st.sp.store, st.sp.path + "/") if k.endswith(".partial")]
+        list(pool.map(lambda k, store=st.sp.store: sync(store.delete(k)), keys))
     return stored

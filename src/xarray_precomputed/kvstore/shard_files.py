@@ -53,9 +53,16 @@ class ShardReader:
         self.minishard_cache, self.shard_form_cache = ctx.shard_index_cache, ctx.shard_form_cache
         self.index_fetches = ctx.index_fetches
         self.max_chunk_bytes = max_chunk_bytes
+        self.max_chunks = max_chunks
         # A minishard index cannot legitimately describe more chunks than the scale has.
         self.max_minishard_bytes = 24 * max(1, min(max_chunks, 1 << 28))
         self.index_end = shard_index_bytes(spec)
+
+    def __reduce__(self):
+        # Without the caches and counters (they hold locks): they are the store's context's,
+        # found again through the store, whose context travels as its token.
+        return (_shard_reader, (self.store, self.path, self.spec, self.max_chunk_bytes,
+                                self.max_chunks))
 
     def _key(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
@@ -462,6 +469,11 @@ def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
     out_ends = np.empty(n, np.int64)
     out_found[order], out_starts[order], out_ends[order] = found, starts, ends
     return out_found, out_starts, out_ends
+
+
+def _shard_reader(store: Store, path: str, spec: ShardingSpec, max_chunk_bytes: int,
+                  max_chunks: int) -> ShardReader:
+    return ShardReader(store, path, spec, max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks)
 
 
 class _LazyName:

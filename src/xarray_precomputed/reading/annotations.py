@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,7 +33,6 @@ from ..format.sharding import MAX_DEFLATE_RATIO, decode_gzip
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..storage import Store, open_store, strip_scheme_prefix
 from ..storage.base import ABSENT, TOO_LARGE
-from ..util import cpu_pool_size
 
 # One stored value (a spatial cell, a relationship list, a record) above this is refused before
 # it is fetched: a damaged index could otherwise ask for any size.
@@ -53,6 +51,8 @@ BATCH_INFLATE_BYTES = 2048  # the most inflated bytes a value may average for th
 
 class AnnotationSource:
     """A precomputed annotation set: its `info` and its indexes, read as numpy columns."""
+
+    context_given: Any = None
 
     def __init__(self, url: str, info: AnnotationInfo, store: Store,
                  storage_options: dict | None = None):
@@ -77,7 +77,9 @@ class AnnotationSource:
                 raise StorageError("no annotation info file here", url=store.describe("info"))
             source = store.describe("info")
         parsed = info if isinstance(info, AnnotationInfo) else parse_annotation_info(info, source=source)
-        return cls(url, parsed, store, storage_options)
+        made = cls(url, parsed, store, storage_options)
+        made.context_given = context  # what its dask tasks open with (by token)
+        return made
 
     # ---- the key-value stores of the indexes ------------------------------------------------
 
@@ -377,8 +379,8 @@ class AnnotationSource:
     def _map(self, fn, items: Sequence) -> list:
         if len(items) <= 1:
             return [fn(x) for x in items]
-        with ThreadPoolExecutor(min(len(items), max(2, cpu_pool_size()))) as pool:
-            return list(pool.map(fn, items))
+        # the decode pool of the store's context: what reads by this set's context share
+        return list(self.store.context.cpu_pool().map(fn, items))
 
 
 def _flat(source) -> np.ndarray:

@@ -16,6 +16,7 @@ from ..codecs.mesh import (
     decode_legacy_fragment,
     decode_multilod_manifest,
 )
+from ..context import Context
 from ..errors import ArgumentError, CorruptChunkError, MissingObjectError
 from ..format.mesh_info import (
     LegacyMeshInfo,
@@ -85,9 +86,10 @@ class MeshReader(ABC):
         self.info = info
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None) -> "MeshReader":
+    def open(cls, url: str, storage_options: dict | None = None, *,
+             context: Context | None = None) -> "MeshReader":
         d = open_object_dir(url, storage_options, member="mesh", is_own_info=is_mesh_info,
-                            info_optional=True)
+                            info_optional=True, context=context)
         info = parse_mesh_info(d.info, source=d.describe("info"))
         if isinstance(info, LegacyMeshInfo):
             return LegacyMeshReader(d, info)

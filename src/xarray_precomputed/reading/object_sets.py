@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..context import Context
 from ..errors import ArgumentError, InfoError
 from ..format.documents import load_json
 from ..format.info import ShardingSpec
@@ -52,10 +53,11 @@ def _read_info(store: Store, path: str) -> Mapping[str, Any] | None:
 
 def open_object_dir(url: str, storage_options: dict | None, *, member: str,
                     is_own_info: Callable[[Mapping[str, Any]], bool],
-                    info_optional: bool = False) -> ObjectDir:
+                    info_optional: bool = False, context: Context | None = None) -> ObjectDir:
     """The directory at `url`, or the one the volume at `url` names under `member` ("skeletons",
-    "mesh"). `is_own_info` tells the directory's own info from a volume's."""
-    store = open_store(url, storage_options)
+    "mesh"), through `context`'s stores. `is_own_info` tells the directory's own info from a
+    volume's."""
+    store = open_store(url, storage_options, context=context)
     doc = _read_info(store, "")
     if doc is None:
         if info_optional:
@@ -68,7 +70,7 @@ def open_object_dir(url: str, storage_options: dict | None, *, member: str,
                         f"names one", field=member)
     where = named_directory(doc, member)
     if "://" in where:
-        store, where = open_store(where, storage_options), ""
+        store, where = open_store(where, storage_options, context=context), ""
     sub = _read_info(store, where)
     if sub is None and not info_optional:
         raise InfoError(f"no info file at {store.describe(f'{where}/info' if where else 'info')}")

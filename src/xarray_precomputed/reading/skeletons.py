@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codecs.skeleton import decode_skeleton
+from ..context import Context
 from ..errors import MissingObjectError
 from ..format.skeleton_info import SkeletonInfo, is_skeleton_info, parse_skeleton_info
 from ..kvstore import ShardedKeyValue
@@ -52,8 +53,10 @@ class SkeletonReader:
         self.transform = Transform(info.transform)
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None) -> "SkeletonReader":
-        d = open_object_dir(url, storage_options, member="skeletons", is_own_info=is_skeleton_info)
+    def open(cls, url: str, storage_options: dict | None = None, *,
+             context: Context | None = None) -> "SkeletonReader":
+        d = open_object_dir(url, storage_options, member="skeletons", is_own_info=is_skeleton_info,
+                            context=context)
         assert d.info is not None
         return cls(d, parse_skeleton_info(d.info, source=d.describe("info")))
 

@@ -32,13 +32,13 @@ import functools
 import json
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ..codecs.annotation_records import PROPERTY_TYPES, AnnotationColumns, RecordLayout
+from ..context import Context, resolve, run_threads
 from ..errors import WriterArgumentError
 from ..format.annotation_info import ANNOTATION_INFO_TYPE, AnnotationInfo, parse_annotation_info
 from ..format.info import ShardingSpec
@@ -104,7 +104,7 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
                    lower_bound=None, upper_bound=None, storage_options: dict | None = None,
                    resume: bool | str = "auto", rows_per_batch: int = ROWS_PER_BATCH,
                    max_workers: int | None = None, spill_dir: str | None = None,
-                   gzip_level: int = 6) -> AnnotationInfo:
+                   gzip_level: int = 6, context: Context | None = None) -> AnnotationInfo:
     """Write annotations as a Neuroglancer precomputed annotation set at `url`; returns its info.
 
     obj: an xarray Dataset of the annotation layout (`xp.Annotations` returns one; relationship
@@ -128,7 +128,8 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
     resume: "auto" keeps objects that check out while the destination has no info (an
         interrupted write), True always, False never.
     rows_per_batch: rows read and encoded at a time (memory); spill_dir: where the temporary
-        entry files go (default the system's temporary folder).
+        entry files go (default the system's temporary folder). max_workers: threads writing
+        objects (default: the context's `encode_threads`). context: as for every reader and writer.
     """
     try:
         url = strip_scheme_prefix(str(os.fspath(url)))
@@ -139,8 +140,9 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
     max_levels = _int_arg("max_levels", max_levels, 1, 64)
     rows_per_batch = _int_arg("rows_per_batch", rows_per_batch, 1)
     gzip_level = _int_arg("gzip_level", gzip_level, 0, 9)
+    ctx = resolve(context, WriterArgumentError)
     workers = _int_arg("max_workers", max_workers, 1) if max_workers is not None else \
-        max(1, os.cpu_count() or 1)
+        ctx.encode_threads
     if resume not in (True, False, "auto"):
         raise WriterArgumentError(f"resume must be True, False or 'auto', got {resume!r}")
     table = as_table(obj, annotation_type=annotation_type, dimensions=dimensions,
@@ -177,7 +179,7 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
     }
     info = parse_annotation_info(info_json, source="the info to_annotations would write")
 
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, context=ctx)
     keep = resume is True or (resume == "auto" and store.read("info") is None)
     with tempfile.TemporaryDirectory(prefix="xp-annotations-", dir=spill_dir) as tmp:
         for i, ix in enumerate(indexes):
@@ -198,7 +200,7 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
             functools.partial(_write_bucket, store, ix, b, listing, keep=keep,
                               gzip_level=gzip_level, order_key=_order_key(ix))
             for ix, b, listing in tasks]
-        _run(jobs, workers)
+        run_threads(jobs, workers, "xp-annotations")
         for ix in indexes:
             if ix.spill is not None:
                 ix.spill.close()
@@ -495,13 +497,3 @@ def _write_bucket(store, ix: _Index, bucket: int, listing: dict[str, int], *, ke
         parts = pack_shard(k, m, data, voff, spec, gzip_level=gzip_level)
         store.write(f"{ix.key}/{name}", b"".join(
             p if isinstance(p, bytes) else np.ascontiguousarray(p).tobytes() for p in parts))
-
-
-def _run(jobs: list[Callable[[], None]], workers: int) -> None:
-    if workers <= 1 or len(jobs) <= 1:
-        for j in jobs:
-            j()
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        for f in [pool.submit(j) for j in jobs]:
-            f.result()

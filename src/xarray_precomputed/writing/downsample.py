@@ -9,7 +9,9 @@
   stay physically aligned (the coordinates of scale k+1 are ``(offset' + j + 0.5) * res * f``).
   Output voxels at the volume's edges that cover fewer input voxels use only those (no padding
   values enter a mode or a mean). Size: ``ceil((offset + size) / f) - floor(offset / f)``.
-- Lazy inputs stay lazy: a dask-backed array is downsampled block by block (`map_blocks`).
+- Lazy inputs stay lazy: a dask-backed array is downsampled block by block (`map_blocks`), on
+  dask's scheduler. A numpy-backed one is reduced in slabs along z on the context's encoding
+  threads (`Context.encode_pool`), at least one slab per thread.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import WriterError
+from ..context import Context, resolve
+from ..errors import WriterArgumentError, WriterError
 
 __all__ = ["downsample", "downsample_array"]
 
@@ -121,8 +124,10 @@ def _check_method(method) -> None:
 
 
 def downsample_array(data: np.ndarray, factors=(2, 2, 1), *, method: str = "mode",
-                     voxel_offset=(0, 0, 0)) -> tuple[np.ndarray, tuple[int, int, int]]:
+                     voxel_offset=(0, 0, 0), context: Context | None = None
+                     ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Downsample an (x, y, z, channel) numpy array; returns (result, new voxel_offset)."""
+    ctx = resolve(context, WriterArgumentError)
     data = np.asarray(data)
     if data.ndim != 4:
         raise WriterError(f"expected an (x, y, z, channel) array, got shape {data.shape}")
@@ -136,14 +141,23 @@ def downsample_array(data: np.ndarray, factors=(2, 2, 1), *, method: str = "mode
         return out, new_off  # type: ignore[return-value]
     padded = np.pad(data, [(g[0], g[3]) for g in geo] + [(0, 0)])
     va = [_valid_axis(n, g[0], g[2] * f, 0) for n, g, f in zip(data.shape[:3], geo, factors)]
-    # slabs along z keep the mode's work arrays bounded
+    # slabs along z keep the mode's work arrays bounded, and give each encoding thread one
     fz = factors[2]
     per_slab = max(1, (1 << 22) // max(1, out.shape[0] * out.shape[1] * out.shape[3]))
-    for z0 in range(0, out.shape[2], per_slab):
+    per_slab = min(per_slab, -(-out.shape[2] // ctx.encode_threads))
+
+    def slab(z0: int) -> None:
         z1 = min(out.shape[2], z0 + per_slab)
         out[:, :, z0:z1] = _reduce_padded(padded[:, :, z0 * fz:z1 * fz], factors,
                                           [va[0], va[1], va[2][z0 * fz:z1 * fz]], method,
                                           data.dtype)
+
+    starts = range(0, out.shape[2], per_slab)
+    if ctx.encode_threads == 1 or len(starts) == 1:
+        for z0 in starts:
+            slab(z0)
+    else:
+        list(ctx.encode_pool().map(slab, starts))
     return out, new_off  # type: ignore[return-value]
 
 
@@ -179,7 +193,7 @@ def _default_method(da) -> str:
     return "mode" if np.dtype(da.dtype) in (np.dtype(np.uint32), np.dtype(np.uint64)) else "mean"
 
 
-def _downsample_da(da, factors, method):
+def _downsample_da(da, factors, method, ctx: Context):
     import xarray as xr
 
     from .geometry import input_scale
@@ -192,7 +206,7 @@ def _downsample_da(da, factors, method):
         out, new_off = _dask_downsample(data, factors, method, sc.voxel_offset)
     else:
         out, new_off = downsample_array(np.asarray(data), factors, method=method,
-                                        voxel_offset=sc.voxel_offset)
+                                        voxel_offset=sc.voxel_offset, context=ctx)
     new_res = tuple(r * f for r, f in zip(sc.resolution, factors))
     coords: dict[str, Any] = {}
     for axis, name in enumerate("xyz"):
@@ -213,7 +227,8 @@ def _downsample_da(da, factors, method):
     return res.transpose(*da.dims)
 
 
-def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int | None = None):
+def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int | None = None,
+               context: Context | None = None):
     """The next scale(s) of a volume.
 
     obj: DataArray or Dataset (dims x, y, z [, channel], coordinates as the precomputed reader
@@ -226,6 +241,7 @@ def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int
     """
     import xarray as xr
 
+    ctx = resolve(context, WriterArgumentError)
     factors = _factors(factors)
     if method is not None:
         _check_method(method)
@@ -235,9 +251,9 @@ def downsample(obj, factors=(2, 2, 1), *, method: str | None = None, levels: int
 
     def one(o):
         if isinstance(o, xr.DataArray):
-            return _downsample_da(o, factors, method)
+            return _downsample_da(o, factors, method, ctx)
         if isinstance(o, xr.Dataset):
-            vars_ = {k: _downsample_da(v, factors, method) for k, v in o.data_vars.items()
+            vars_ = {k: _downsample_da(v, factors, method, ctx) for k, v in o.data_vars.items()
                      if {"x", "y", "z"} <= set(v.dims)}
             attrs = {k: v for k, v in o.attrs.items() if k not in ("scale_key", "source")}
             return xr.Dataset(vars_, attrs=attrs)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..context import Context
+from ..context import Context, resolve
 from ..errors import InfoError, WriterArgumentError
 from ..format.segment_properties import (
     NUMBER_TYPES,
@@ -44,9 +44,10 @@ def to_segment_properties(data: Any, url: str, *, storage_options: dict | None =
                           context: Context | None = None) -> dict:
     """Write `data` (an xarray Dataset over `segment`, or a pandas DataFrame whose index holds
     the segment ids) as a `neuroglancer_segment_properties` folder at `url`; returns the `info`
-    written. `context`: whose store and counters the write uses (default: the default one)."""
+    written."""
+    ctx = resolve(context, WriterArgumentError)
     doc, text = _info_of(data)
-    open_store(url, storage_options, context=context).write("info", text)
+    open_store(url, storage_options, context=ctx).write("info", text)
     return doc
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs.skeleton import encode_skeleton
+from ..context import Context, resolve
 from ..errors import WriterArgumentError, WriterError
 from ..format.info import ShardingSpec
 from ..format.objects_info import IDENTITY
@@ -138,7 +139,8 @@ def _encode(sid: int, obj, attrs, inverse) -> bytes:
 
 def to_skeletons(skeletons, url: str, *, sharding: Any = None, transform=None,
                  vertex_attributes=None, segment_properties: str | None = None,
-                 storage_options: dict | None = None) -> SkeletonInfo:
+                 storage_options: dict | None = None,
+                 context: Context | None = None) -> SkeletonInfo:
     """Write `skeletons` as a `neuroglancer_skeletons` directory at `url`; returns its info.
 
     sharding: None (one file per segment), "auto" (`skeleton_sharding`), or a sharding spec
@@ -146,6 +148,7 @@ def to_skeletons(skeletons, url: str, *, sharding: Any = None, transform=None,
     identity by default). vertex_attributes: which variables to store and how (ids, or dicts
     with id / data_type / num_components); by default every variable over `vertex` but
     `vertices`, with its own type."""
+    ctx = resolve(context, WriterArgumentError)
     items = _items(skeletons)
     ids = np.array([k for k, _ in items], np.uint64)
     if len(np.unique(ids)) != len(ids):
@@ -173,7 +176,7 @@ def to_skeletons(skeletons, url: str, *, sharding: Any = None, transform=None,
             raise WriterArgumentError("transform's 3x3 part is singular: vertices in nm cannot be "
                                       "stored through it") from None
     blobs = [_encode(k, obj, info.vertex_attributes, inverse) for k, obj in items]
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, context=ctx)
     if info.sharding is None:
         for k, b in zip(ids.tolist(), blobs):
             store.write(str(k), b)

@@ -6,11 +6,11 @@ when a shard is larger than the block budget, gathered by one writing task)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import numpy as np
 
+from ..context import run_threads
 from ..format.morton import compressed_morton
 from ..format.sharding import shard_box
 from ..storage import LocalStore
@@ -18,9 +18,6 @@ from . import progress
 from .geometry import InputScale
 from .shard_file import build_shard
 from .target import Target, box_groups, budget_box, cells_in
-
-# Concurrent PUTs of one task's unsharded chunks on object stores.
-REMOTE_PUTS = 16
 
 
 def encode_cells(tgt: Target, data: np.ndarray, origin, cells) -> list[tuple[tuple, bytes]]:
@@ -58,25 +55,17 @@ def write_unsharded(tgt: Target, encoded: Iterable[tuple[tuple, bytes]], skip=fr
     if isinstance(store, LocalStore) or len(todo) < 2:
         for key, blob in todo:
             store.write(key, blob)
-    else:  # object stores: one PUT per chunk, several in flight
-        run_pool([lambda k=k, b=b: store.write(k, b) for k, b in todo], REMOTE_PUTS)
+    else:  # object stores: one PUT per chunk, as many in flight as the context's I/O threads
+        list(store.context.io_pool().map(lambda kb: store.write(*kb), todo))
     nbytes = sum(len(b) for _, b in todo)
     progress.wrote(tgt.run, planned, len(todo), nbytes)
     return nbytes
 
 
 def run_pool(fns, max_workers) -> list:
-    if not fns:
-        return []
-    if max_workers == 1 or len(fns) == 1:
-        return [f() for f in fns]
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="xp-write") as pool:
-        futures = [pool.submit(f) for f in fns]
-        try:
-            return [f.result() for f in futures]
-        finally:
-            for f in futures:
-                f.cancel()
+    """`fns` run on the write's `max_workers` threads (its `num_workers`, else its context's
+    `encode_threads`)."""
+    return run_threads(fns, max_workers, "xp-write")
 
 
 def task_box_shard(block: np.ndarray, tgt: Target, shard: int, origin, cells) -> int:
