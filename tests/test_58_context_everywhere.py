@@ -156,7 +156,7 @@ def points(tmp_path_factory):
 def test_annotations_read_on_the_users_decode_pool(points, monkeypatch, threads):
     path, truth = points
     ctx = Context(decode_threads=threads)
-    seen = _pools_of(monkeypatch, AnnotationSource, "read_keys", ctx, meet=threads)
+    seen = _pools_of(monkeypatch, AnnotationSource, "level_keys", ctx, meet=threads)
     with only_in(ctx):
         ds = xp.Annotations.open(str(path), context=ctx).to_dataset(source="spatial")
     assert sorted(ds["annotation"].values.tolist()) == sorted(truth.ids.tolist())
