@@ -251,7 +251,7 @@ def _annotation_source(url: str, storage_options: dict | None, context=None):
     from .storage import open_store, strip_scheme_prefix
 
     try:
-        text = open_store(strip_scheme_prefix(url), storage_options).read("info")
+        text = open_store(strip_scheme_prefix(url), storage_options, context=context).read("info")
         doc = json.loads(text) if text is not None else None
     except (OSError, ValueError):
         return None
