@@ -8,13 +8,12 @@ are counted in the context's `index_fetches`.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Iterable
 
 import numpy as np
 
-from ..context import DefaultCounters, default_context, live_contexts
+from ..context import DefaultCounters, default_context, live_contexts, run_threads
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
 from ..format.sharding import (
@@ -268,11 +267,10 @@ class ShardReader:
             # many large ones (every minishard of a by_id shard): inflated and parsed in two
             # halves at once (libdeflate and numpy release the GIL)
             half = len(got) // 2
-            with ThreadPoolExecutor(1) as pool:
-                other = pool.submit(self._parse_minishards, got[half:], wheres, split=False)
-                out = self._parse_minishards(got[:half], wheres, split=False)
-                out.update(other.result())
-            return out
+            first, second = run_threads(
+                [lambda: self._parse_minishards(got[:half], wheres, split=False),
+                 lambda: self._parse_minishards(got[half:], wheres, split=False)], 2, "xp-minishards")
+            return {**first, **second}
         bufs = []
         for m, a, b, buf in got:
             if len(buf) != b - a:

@@ -7,16 +7,15 @@ however many reads touch it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..context import run_threads
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
 from ..format.sharding import chunk_location, decode_gzip, shard_filename
 from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import ABSENT, Located, located
-from ..util import cpu_pool_size
 from .base import KeyValue
 from .shard_files import ShardReader, lookup_many, positions_by_value
 
@@ -96,8 +95,9 @@ class ShardedKeyValue(KeyValue):
             if self.map_files and len(groups) > 1:
                 # mapped shards (an annotation read of many keys): each shard's indices parsed and
                 # values located on its own thread (inflation and numpy release the GIL)
-                with ThreadPoolExecutor(min(len(groups), max(2, cpu_pool_size()))) as pool:
-                    answers = list(pool.map(one, groups))
+                # (threads of this call, sized by the store's context: they wait on its pools)
+                answers = run_threads([lambda g=g: one(g) for g in groups],
+                                      max(2, self.store.context.decode_threads), "xp-shards")
             else:
                 answers = [one(g) for g in groups]
             for (_, pos), (got, got_rows) in zip(groups, answers):
