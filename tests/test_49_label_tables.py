@@ -43,6 +43,7 @@ CASES = {
 
 # the extension itself, also where XARRAY_PRECOMPUTED_PURE=1 gives the module its fallback
 EXT = importlib.import_module("xarray_precomputed.codecs._cseg_labels")
+BATCH_EXT = importlib.import_module("xarray_precomputed.reading._chunk_batch")
 
 
 @pytest.fixture(params=["c", "numpy"])
@@ -121,6 +122,18 @@ def test_relabel_through_tables_equals_fastremap(volume, impl):
     np.testing.assert_array_equal(xp.relabel(lazy, mapping).compute().values, want)
 
 
+def _batch_ext(monkeypatch) -> _Spy:
+    """The batched reader given its extension (also where XARRAY_PRECOMPUTED_PURE=1 left it
+    none), spied on."""
+    spy = _Spy(BATCH_EXT)
+    monkeypatch.setattr(batched, "_batch", spy)
+    monkeypatch.setattr(batched, "KINDS", {"raw": BATCH_EXT.KIND_RAW, "cseg": BATCH_EXT.KIND_CSEG})
+    monkeypatch.setattr(batched, "GEOM", batched.GeomColumns(
+        dest=BATCH_EXT.GEOM_DEST, origin=BATCH_EXT.GEOM_ORIGIN, extent=BATCH_EXT.GEOM_EXTENT,
+        shape=BATCH_EXT.GEOM_SHAPE, channel=BATCH_EXT.GEOM_CHANNEL, columns=BATCH_EXT.GEOM_COLUMNS))
+    return spy
+
+
 class _Spy:
     """The batched extension, counting the calls that decode through a mapping."""
 
@@ -160,8 +173,7 @@ def test_relabel_reads_in_batches_equal_fastremap(layout, order, tmp_path, monke
     values = rng.integers(1, top, len(chosen), dtype=truth.dtype).astype(np.uint64)
     mapping = dict(zip(chosen.tolist(), values.tolist()))
     want = fastremap.remap(truth, mapping, preserve_missing_labels=True)
-    spy = _Spy(batched._batch)
-    monkeypatch.setattr(batched, "_batch", spy)
+    spy = _batch_ext(monkeypatch)
     scale = Volume.open(path).scale(0)
     for default in (None, 3):
         reader = MappedScaleReader(scale.url, scale.info, scale.scale_info, context=scale.context_given,
@@ -298,7 +310,7 @@ def test_mutated_chunks_give_c_and_numpy_one_answer():
     assert 0 < refused < 300
 
 
-def test_mutated_chunks_mapped_in_batches_as_chunk_by_chunk():
+def test_mutated_chunks_mapped_in_batches_as_chunk_by_chunk(monkeypatch):
     """The batched extension's mapped decode and the labels extension's agree on mutated chunks,
     voxel for voxel or on refusing, for a box that cuts blocks (the sanitizer run checks both)."""
     rng = np.random.default_rng(10)
@@ -306,6 +318,8 @@ def test_mutated_chunks_mapped_in_batches_as_chunk_by_chunk():
     raw = cseg.encode(data, (4, 4, 4))
     keys = np.unique(data)[::2].astype(np.uint64)
     values = rng.integers(0, 2**64 - 1, len(keys), dtype=np.uint64)
+    monkeypatch.setattr(cseg_labels, "_ext", EXT)
+    _batch_ext(monkeypatch)
     G = batched.GEOM
     geom = np.zeros((1, G.columns), np.int64)
     lo, hi = (1, 2, 0), (19, 15, 10)
@@ -330,11 +344,11 @@ def test_mutated_chunks_mapped_in_batches_as_chunk_by_chunk():
         except CorruptChunkError:
             one = None
         try:
-            batched._batch.decode_chunks(many, batched.KINDS["cseg"], "uint64", (4, 4, 4), 2,
+            BATCH_EXT.decode_chunks(many, BATCH_EXT.KIND_CSEG, "uint64", (4, 4, 4), 2,
                                          [bytes(blob)], np.array([[0, 0, len(blob)]]), geom,
                                          False, 1 << 20, False, np.zeros(0, np.uint8),
                                          (keys, values, default))
-        except batched._batch.ChunkDataError:
+        except BATCH_EXT.ChunkDataError:
             many = None
         if one is None or many is None:
             assert one is None and many is None, trial
