@@ -27,7 +27,9 @@ import xarray_precomputed as xp
 from xarray_precomputed.codecs import compressed_segmentation as cseg
 from xarray_precomputed.codecs import cseg_labels
 from xarray_precomputed.errors import CorruptChunkError
-from xarray_precomputed.reading.volume import ScaleReader
+from xarray_precomputed.reading import batched
+from xarray_precomputed.reading.region_labels import MappedScaleReader
+from xarray_precomputed.reading.volume import ScaleReader, Volume
 
 SHAPE = (45, 37, 21)
 CASES = {
@@ -41,12 +43,16 @@ CASES = {
 
 # the extension itself, also where XARRAY_PRECOMPUTED_PURE=1 gives the module its fallback
 EXT = importlib.import_module("xarray_precomputed.codecs._cseg_labels")
+BATCH_EXT = importlib.import_module("xarray_precomputed.reading._chunk_batch")
 
 
 @pytest.fixture(params=["c", "numpy"])
 def impl(request, monkeypatch):
-    """The C extension, or the numpy fallback that XARRAY_PRECOMPUTED_PURE=1 selects."""
+    """The C extensions, or the numpy fallback that XARRAY_PRECOMPUTED_PURE=1 selects (neither
+    the labels extension nor the batched reader)."""
     monkeypatch.setattr(cseg_labels, "_ext", EXT if request.param == "c" else None)
+    if request.param == "numpy":
+        monkeypatch.setattr(batched, "_batch", None)
     return request.param
 
 
@@ -114,6 +120,73 @@ def test_relabel_through_tables_equals_fastremap(volume, impl):
                                   np.where(np.isin(truth, chosen), want, truth.dtype.type(7)))
     lazy = xr.open_dataset(path, engine="precomputed", chunks={})["segmentation"]
     np.testing.assert_array_equal(xp.relabel(lazy, mapping).compute().values, want)
+
+
+def _batch_ext(monkeypatch) -> _Spy:
+    """The batched reader given its extension (also where XARRAY_PRECOMPUTED_PURE=1 left it
+    none), spied on."""
+    spy = _Spy(BATCH_EXT)
+    monkeypatch.setattr(batched, "_batch", spy)
+    monkeypatch.setattr(batched, "KINDS", {"raw": BATCH_EXT.KIND_RAW, "cseg": BATCH_EXT.KIND_CSEG})
+    monkeypatch.setattr(batched, "GEOM", batched.GeomColumns(
+        dest=BATCH_EXT.GEOM_DEST, origin=BATCH_EXT.GEOM_ORIGIN, extent=BATCH_EXT.GEOM_EXTENT,
+        shape=BATCH_EXT.GEOM_SHAPE, channel=BATCH_EXT.GEOM_CHANNEL, columns=BATCH_EXT.GEOM_COLUMNS))
+    return spy
+
+
+class _Spy:
+    """The batched extension, counting the calls that decode through a mapping."""
+
+    def __init__(self, ext):
+        self.ext, self.mapped = ext, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.ext, name)
+        if name not in ("decode_chunks", "read_decode"):
+            return fn
+
+        def call(*args):
+            self.mapped += len(args) == 13 and args[12] is not None
+            return fn(*args)
+        return call
+
+
+@pytest.mark.parametrize("layout", ["files", "sharded-gzip", "missing"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_relabel_reads_in_batches_equal_fastremap(layout, order, tmp_path, monkeypatch):
+    """A mapped read takes the batched reader (each block's table mapped in the extension), in
+    both memory orders, from chunk files, gzip shards, and with chunks missing."""
+    data = _data(CASES["u64-many-ids"] if layout == "files" else CASES["u32-b352"], 13)
+    kw: dict = dict(chunk_size=(16, 16, 8), volume_type="segmentation",
+                    encoding="compressed_segmentation", block_size=(8, 8, 4))
+    if layout == "sharded-gzip":
+        kw["sharding"] = {"preshift_bits": 0, "minishard_bits": 1, "shard_bits": 1,
+                          "data_encoding": "gzip"}
+    if layout == "missing":
+        kw["region"] = (slice(0, 32), slice(0, 37), slice(0, 21))
+    path = write_volume(tmp_path / "v", data, **kw)
+    truth = ts_read(path)
+    rng = np.random.default_rng(6)
+    ids = np.unique(truth)
+    chosen = ids[rng.random(len(ids)) < 0.5]
+    top = np.iinfo(truth.dtype).max
+    values = rng.integers(1, top, len(chosen), dtype=truth.dtype).astype(np.uint64)
+    mapping = dict(zip(chosen.tolist(), values.tolist()))
+    want = fastremap.remap(truth, mapping, preserve_missing_labels=True)
+    spy = _batch_ext(monkeypatch)
+    scale = Volume.open(path).scale(0)
+    for default in (None, 3):
+        reader = MappedScaleReader(scale.url, scale.info, scale.scale_info, context=scale.context_given,
+                                   keys=chosen.astype(np.uint64), values=values, default=default)
+        expect = want if default is None else \
+            np.where(np.isin(truth, chosen), want, truth.dtype.type(default))
+        if layout == "missing":
+            expect[32:] = 0  # a missing chunk reads as 0, mapped or not (as chunk by chunk)
+        for box in list(_boxes(8))[:5]:
+            got = reader.read(box, order=order)
+            assert got.flags.f_contiguous if order == "F" else got.flags.c_contiguous
+            np.testing.assert_array_equal(got, expect[box], err_msg=f"{box} default={default}")
+    assert spy.mapped >= 10
 
 
 @pytest.mark.parametrize("bits_case", ["uniform", "1-4 bits", "8 bits", "16 bits", "32 bits"])
@@ -234,6 +307,54 @@ def test_mutated_chunks_give_c_and_numpy_one_answer():
             pass
         finally:
             cseg_labels._ext = saved
+    assert 0 < refused < 300
+
+
+def test_mutated_chunks_mapped_in_batches_as_chunk_by_chunk(monkeypatch):
+    """The batched extension's mapped decode and the labels extension's agree on mutated chunks,
+    voxel for voxel or on refusing, for a box that cuts blocks (the sanitizer run checks both)."""
+    rng = np.random.default_rng(10)
+    data = make_data((20, 18, 10, 2), np.uint64, seed=6, labels=True)
+    raw = cseg.encode(data, (4, 4, 4))
+    keys = np.unique(data)[::2].astype(np.uint64)
+    values = rng.integers(0, 2**64 - 1, len(keys), dtype=np.uint64)
+    monkeypatch.setattr(cseg_labels, "_ext", EXT)
+    _batch_ext(monkeypatch)
+    G = batched.GEOM
+    geom = np.zeros((1, G.columns), np.int64)
+    lo, hi = (1, 2, 0), (19, 15, 10)
+    geom[0, G.origin:G.origin + 3] = lo
+    geom[0, G.extent:G.extent + 3] = np.subtract(hi, lo)
+    geom[0, G.shape:G.shape + 3] = data.shape[:3]
+    refused = 0
+    for trial in range(300):
+        blob = bytearray(raw)
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, len(blob)))
+            blob[at] = int(rng.integers(0, 256))
+        if trial % 10 == 0:
+            blob = blob[:int(rng.integers(0, len(blob)))]
+        default = None if trial % 2 else 5
+        one = np.zeros((*np.subtract(hi, lo), 2), np.uint64)
+        many = np.zeros_like(one, order="F" if trial % 3 else "C")
+        try:
+            cseg_labels.decode_mapped_into(bytes(blob), one, chunk_shape=data.shape[:3],
+                                           block_size=(4, 4, 4), origin=lo, keys=keys,
+                                           values=values, default=default)
+        except CorruptChunkError:
+            one = None
+        try:
+            BATCH_EXT.decode_chunks(many, BATCH_EXT.KIND_CSEG, "uint64", (4, 4, 4), 2,
+                                         [bytes(blob)], np.array([[0, 0, len(blob)]]), geom,
+                                         False, 1 << 20, False, np.zeros(0, np.uint8),
+                                         (keys, values, default))
+        except BATCH_EXT.ChunkDataError:
+            many = None
+        if one is None or many is None:
+            assert one is None and many is None, trial
+            refused += 1
+        else:
+            np.testing.assert_array_equal(many, one, err_msg=str(trial))
     assert 0 < refused < 300
 
 

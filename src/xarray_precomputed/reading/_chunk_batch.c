@@ -29,6 +29,11 @@
  *     decoded, else the reader's code for one left untouched (absent, too large, ...), which the
  *     caller reads its own way. An OS failure raises OSError naming the file.
  *
+ * mapping (optional last argument of both, compressed_segmentation only): (keys, values, default):
+ * sorted uint64 keys, uint64 values, default None (ids not among the keys keep theirs) or an id.
+ * Each block's lookup table is mapped before its voxels are written (cseg_mapped.h), so a
+ * relabelled read costs per table entry, not per voxel, and takes this batched path.
+ *
  * Every geometry row is checked against `out` and its chunk shape before any byte is written;
  * every chunk's bytes are checked by its decoder. Bad bytes raise ChunkDataError(index, message)
  * (the caller names the chunk); nothing is read or written out of bounds, whatever the bytes.
@@ -48,6 +53,7 @@
 #endif
 
 #include "cseg_decode.h"
+#include "cseg_mapped.h"
 #include "fortran_copy.h"
 #include "../storage/file_reader.h"
 
@@ -83,6 +89,7 @@ typedef struct {
     int owned;              /* scratch was allocated here */
     int oom;                /* an allocation failed */
     int streamed;
+    mapping *map;           /* ids mapped through this (compressed_segmentation), or NULL */
 } batch;
 
 /* Room for `need` bytes in B->scratch, keeping its first `keep` bytes: at least twice the room
@@ -281,8 +288,14 @@ static int decode_one(batch *B, const int64_t *g, const unsigned char *data, uin
     G.es = B->es;
     G.stream = B->stream;
     cseg_geom_derive(&G);
-    if (cseg_run(data, len, B->nc, &G, dst, &err) < 0) {
+    if ((B->map ? run_mapped(data, len, B->nc, &G, dst, B->map, &err)
+                : cseg_run(data, len, B->nc, &G, dst, &err)) < 0) {
         char detail[256];
+        if (err.code == E_NOMEM) {
+            B->oom = 1;
+            snprintf(msg, MSG, "compressed_segmentation: out of memory");
+            return -1;
+        }
         cseg_format_error(&err, detail, sizeof detail);
         snprintf(msg, MSG, "compressed_segmentation: %s", detail);
         return -1;
@@ -346,6 +359,60 @@ static int setup(batch *B, PyObject *out_obj, int kind, const char *dtype_name, 
     for (int a = 0; a < 4; a++)
         B->st[a] = PyArray_STRIDE(out, a);
     return 0;
+}
+
+/* The optional mapping argument into B->map; its key and value arrays are held in *keys and *vals
+ * (the caller releases them, set or NULL, and B->map with drop_mapping, whatever this returns). */
+static int take_mapping(batch *B, PyObject *obj, PyArrayObject **keys, PyArrayObject **vals)
+{
+    PyObject *k, *v, *d;
+    *keys = *vals = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (B->kind != KIND_CSEG) {
+        PyErr_SetString(PyExc_ValueError, "mapping: compressed_segmentation only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(obj, "OOO", &k, &v, &d))
+        return -1;
+    *keys = (PyArrayObject *)PyArray_FROMANY(k, NPY_UINT64, 1, 1,
+                                             NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (*keys == NULL)
+        return -1;
+    *vals = (PyArrayObject *)PyArray_FROMANY(v, NPY_UINT64, 1, 1,
+                                             NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (*vals == NULL)
+        return -1;
+    if (PyArray_DIM(*keys, 0) != PyArray_DIM(*vals, 0)) {
+        PyErr_SetString(PyExc_ValueError, "mapping: keys and values differ in length");
+        return -1;
+    }
+    mapping *m = (mapping *)calloc(1, sizeof *m);
+    if (m == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    B->map = m;
+    m->keys = (const uint64_t *)PyArray_DATA(*keys);
+    m->values = (const uint64_t *)PyArray_DATA(*vals);
+    m->n = PyArray_DIM(*keys, 0);
+    if (d != Py_None) {
+        m->has_default = 1;
+        m->dflt = (uint64_t)PyLong_AsUnsignedLongLong(d);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static void drop_mapping(batch *B, PyArrayObject *keys, PyArrayObject *vals)
+{
+    if (B->map != NULL)
+        free(B->map->big);
+    free(B->map);
+    B->map = NULL;
+    Py_XDECREF(keys);
+    Py_XDECREF(vals);
 }
 
 /* A C-contiguous int64 (n, width) array. */
@@ -439,18 +506,22 @@ static void finish(batch *B)
 
 static PyObject *decode_chunks(PyObject *self, PyObject *args)
 {
-    PyObject *out_obj, *block, *sources, *src_obj, *geom_obj;
+    PyObject *out_obj, *block, *sources, *src_obj, *geom_obj, *map_obj = NULL;
+    PyArrayObject *keys = NULL, *vals = NULL;
     int kind, gzip, stream;
     const char *dtype_name;
     unsigned long long max_bytes;
     (void)self;
     Py_buffer scratch;
     Py_ssize_t channels;
-    if (!PyArg_ParseTuple(args, "OisOnOOOpKpw*", &out_obj, &kind, &dtype_name, &block, &channels,
-                          &sources, &src_obj, &geom_obj, &gzip, &max_bytes, &stream, &scratch))
+    if (!PyArg_ParseTuple(args, "OisOnOOOpKpw*|O", &out_obj, &kind, &dtype_name, &block, &channels,
+                          &sources, &src_obj, &geom_obj, &gzip, &max_bytes, &stream, &scratch,
+                          &map_obj))
         return NULL;
     batch B;
-    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &scratch) < 0) {
+    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &scratch) < 0 ||
+        take_mapping(&B, map_obj, &keys, &vals) < 0) {
+        drop_mapping(&B, keys, vals);
         PyBuffer_Release(&scratch);
         return NULL;
     }
@@ -520,6 +591,7 @@ done:
     PyMem_Free(views);
     if (B.owned)
         free(B.scratch);
+    drop_mapping(&B, keys, vals);
     PyBuffer_Release(&scratch);
     Py_XDECREF(src);
     Py_XDECREF(geom);
@@ -531,15 +603,17 @@ done:
 
 static PyObject *read_decode(PyObject *self, PyObject *args)
 {
-    PyObject *out_obj, *block, *reader, *paths, *geom_obj;
+    PyObject *out_obj, *block, *reader, *paths, *geom_obj, *map_obj = NULL;
+    PyArrayObject *keys = NULL, *vals = NULL;
     int kind, stream;
     const char *dtype_name;
     unsigned long long max_bytes;
     Py_ssize_t channels;
     Py_buffer buffer, result;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OisOnOOOKpw*w*", &out_obj, &kind, &dtype_name, &block, &channels,
-                          &reader, &paths, &geom_obj, &max_bytes, &stream, &buffer, &result))
+    if (!PyArg_ParseTuple(args, "OisOnOOOKpw*w*|O", &out_obj, &kind, &dtype_name, &block, &channels,
+                          &reader, &paths, &geom_obj, &max_bytes, &stream, &buffer, &result,
+                          &map_obj))
         return NULL;
     batch B;
     PyArrayObject *geom = NULL;
@@ -557,7 +631,8 @@ static PyObject *read_decode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "reader: a file reader of another version");
         goto done;
     }
-    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &none) < 0)
+    if (setup(&B, out_obj, kind, dtype_name, block, channels, stream, max_bytes, &none) < 0 ||
+        take_mapping(&B, map_obj, &keys, &vals) < 0)
         goto done;
     if ((files = api->open(paths)) == NULL)
         goto done;
@@ -622,6 +697,7 @@ done:
     Py_XDECREF(geom);
     if (B.owned)
         free(B.scratch);
+    drop_mapping(&B, keys, vals);
     PyBuffer_Release(&buffer);
     PyBuffer_Release(&result);
     return ret;
@@ -630,12 +706,12 @@ done:
 static PyMethodDef methods[] = {
     {"read_decode", read_decode, METH_VARARGS,
      "read_decode(out, kind, dtype_name, block, channels, reader, files, geom, max_bytes, stream, "
-     "buffer, result): chunk files read by storage's reader and decoded into their regions of "
+     "buffer, result[, mapping]): chunk files read by storage's reader and decoded into their regions of "
      "out, GIL released once; see the source."},
     {"decode_chunks", decode_chunks, METH_VARARGS,
      "decode_chunks(out, kind, dtype_name, block, channels, sources, src, geom, gzip, max_bytes, "
      "stream, "
-     "scratch): "
+     "scratch[, mapping]): "
      "decode a batch of stored chunks into their regions of out, GIL released."},
     {NULL, NULL, 0, NULL}};
 

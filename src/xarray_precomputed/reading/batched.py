@@ -254,8 +254,10 @@ class _Read:
     """What every batch of one read shares: cells, keys, geometry, the reader."""
 
     def __init__(self, reader: ScaleReader, cells: np.ndarray, geom: np.ndarray, *,
-                 in_c: bool = True):
+                 in_c: bool = True, mapping: tuple | None = None):
         self.reader = reader
+        # (sorted uint64 keys, uint64 values, default or None): cseg ids mapped as decoded
+        self.mapping = mapping
         self.in_c = in_c  # decoded by the extension (which inflates gzip values itself)
         self.cells = cells
         self.geom = geom
@@ -469,7 +471,8 @@ class _Read:
                                      self.dtype_name, self.block, self.nc, sources,
                                      np.ascontiguousarray(part_src),
                                      np.ascontiguousarray(geom[part]), in_c, limit, stream,
-                                     _scratch_for("inflate", limit + 1 if in_c else 0))
+                                     _scratch_for("inflate", limit + 1 if in_c else 0),
+                                     self.mapping)
             except _batch.ChunkDataError as e:  # type: ignore[union-attr]
                 j, msg = e.args
                 raise CorruptChunkError(msg, chunk=self.name(int(members[part][j]))) from None
@@ -488,7 +491,7 @@ class _Read:
         try:
             _batch.read_decode(out, self.kind, self.dtype_name, self.block,  # type: ignore[union-attr]
                                self.nc, files.reader, files.paths, self.geom[members], self.limit,
-                               stream, _scratch_for("files", self.limit + 1), result)
+                               stream, _scratch_for("files", self.limit + 1), result, self.mapping)
         except OSError as e:
             raise files.failure(e) from e
         except _batch.ChunkDataError as e:  # type: ignore[union-attr]
@@ -576,10 +579,11 @@ class _Read:
 
 
 def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
-             inline: bool) -> None:
-    """Read the box `sel` into `out` in batches (see the module's docstring)."""
+             inline: bool, mapping: tuple | None = None) -> None:
+    """Read the box `sel` into `out` in batches (see the module's docstring); `mapping`: cseg
+    ids mapped through (sorted uint64 keys, uint64 values, default or None) as decoded."""
     cells, geom = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
-    read = _Read(reader, cells, geom)
+    read = _Read(reader, cells, geom, mapping=mapping)
     if reader.store.batches_reads:
         _read_remote(read, out, zeroed, stream)
         return

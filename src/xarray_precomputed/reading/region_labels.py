@@ -24,7 +24,7 @@ import numpy as np
 
 from ..codecs import cseg_labels, get_codec
 from ..storage.base import ABSENT, TOO_LARGE
-from . import base
+from . import base, batched
 from .base import map_reads
 from .missing import settle_missing
 from .volume import ScaleReader
@@ -211,8 +211,8 @@ def reads_mapped(reader: ScaleReader, result_dtype) -> bool:
 class MappedScaleReader(ScaleReader):
     """A compressed_segmentation scale read through a mapping of ids: sorted uint64 `keys` to
     `values` (which fit the scale's type); other ids keep theirs, or take `default`. Each block
-    is decoded with its mapped lookup table, chunk by chunk (the batched extension decodes
-    plain tables only)."""
+    is decoded with its mapped lookup table: in batches by the batched extension where it is
+    built, else chunk by chunk (`cseg_labels.decode_mapped_into`, with its numpy fallback)."""
 
     def __init__(self, *args, keys: np.ndarray, values: np.ndarray, default: int | None,
                  **kwargs):
@@ -230,6 +230,13 @@ class MappedScaleReader(ScaleReader):
                 "default": self.default}
 
     def _read_batched(self, sel, out, zeroed, *, inline) -> bool:
+        if batched.usable(self, sel, out) and all(s.step in (None, 1) for s in sel):
+            batched.read_box(self, sel, out, zeroed, self._stream(out), inline,
+                             mapping=(self.keys, self.values, self.default))
+            return True
+        return self._read_chunkwise(sel, out, zeroed, inline=inline)
+
+    def _read_chunkwise(self, sel, out, zeroed, *, inline) -> bool:
         """A box from a local store, in jobs of slabs of chunks across the result's slowest
         axis, so that jobs running at once first-touch disjoint pages (huge pages are a whole
         plane of a large result: threads faulting in one page at once cost 2-4x)."""
