@@ -166,3 +166,33 @@ def test_duplicate_keys_in_a_csv_are_refused(volume, tmp_path):
     seg = xr.open_dataset(path, engine="precomputed")["segmentation"]
     with pytest.raises(ArgumentError, match="id 5 is mapped more than once"):
         xp.relabel(seg, tmp_path / "m.csv")
+
+
+def test_unique_labels_of_a_dask_array_reduce_per_block(volume, monkeypatch):
+    """A dask-backed segmentation is answered as one task per dask block (merged ids, summed
+    counts), equal to np.unique of what TensorStore reads."""
+    import dask
+
+    from xarray_precomputed.backends import labels
+
+    path, truth = volume
+    seg = xr.open_dataset(path, engine="precomputed", chunks={"x": 24, "y": 20, "z": 16})["segmentation"]
+    calls = []
+    real = labels.region_labels
+
+    def counted(*args, **kwargs):
+        calls.append(args[1:3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(labels, "region_labels", counted)
+    for box in list(_boxes(3))[:4]:
+        calls.clear()
+        sub = seg.isel(x=box[0], y=box[1], z=box[2])
+        with dask.config.set(scheduler="threads"):
+            ids, counts = xp.unique_labels(sub, return_counts=True)
+        want, want_counts = np.unique(truth[box], return_counts=True)
+        np.testing.assert_array_equal(ids, want.astype(np.uint64), err_msg=str(box))
+        np.testing.assert_array_equal(counts, want_counts, err_msg=str(box))
+        blocks = np.prod([len(c) for c in sub.chunks[:3]])
+        assert len(calls) == (blocks if blocks > 1 else 1)
+        np.testing.assert_array_equal(xp.unique_labels(sub), ids)

@@ -64,7 +64,9 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
     """The sorted uint64 ids in `segmentation` (a DataArray the precomputed engine opened, or a
     box of it), and with `return_counts=True` how many voxels hold each, as `np.unique` of its
     values gives them. A box is answered chunk by chunk from what each encoding stores
-    (`reading.region_labels`: compressed_segmentation's lookup tables, crackle's label section)."""
+    (`reading.region_labels`: compressed_segmentation's lookup tables, crackle's label section);
+    a dask-backed `segmentation` (opened with `chunks=`) as one task per dask block, on the
+    active scheduler, so a region too big for one process is reduced on a cluster."""
     url, key = segmentation_source(segmentation)
     seg = segmentation if isinstance(segmentation, xr.DataArray) else \
         segmentation[[n for n in segmentation.data_vars][0]]
@@ -75,9 +77,46 @@ def unique_labels(segmentation, *, return_counts: bool = False, storage_options:
         if return_counts:
             return np.unique(values, return_counts=True)
         return np.unique(values)
-    ids, counts = region_labels(scale, [s.start for s in box], [s.stop for s in box],
-                                _channel_index(seg), counts=return_counts, distinct=_distinct)
+    channels = _channel_index(seg)
+    blocks = _dask_blocks(seg, box)
+    if blocks is None:
+        ids, counts = region_labels(scale, [s.start for s in box], [s.stop for s in box],
+                                    channels, counts=return_counts, distinct=_distinct)
+    else:
+        ids, counts = _reduce_blocks(scale, blocks, channels, return_counts)
     return (ids, counts) if return_counts else ids
+
+
+def _dask_blocks(seg: xr.DataArray, box) -> list[tuple[list[int], list[int]]] | None:
+    """The (lower, upper) voxel boxes of a dask-backed `seg`'s blocks, or None when it is not
+    dask-backed or is one block."""
+    sizes = seg.chunksizes
+    if not sizes or all(len(sizes.get(a, (0,))) <= 1 for a in _AXES):
+        return None
+    edges = []
+    for a, b in zip(_AXES, box):
+        steps = sizes.get(a, (b.stop - b.start,))
+        cut = np.concatenate([[0], np.cumsum(steps)]) + b.start
+        edges.append(list(zip(cut[:-1].tolist(), cut[1:].tolist())))
+    return [([x0, y0, z0], [x1, y1, z1]) for (x0, x1) in edges[0] for (y0, y1) in edges[1]
+            for (z0, z1) in edges[2]]
+
+
+def _reduce_blocks(scale, blocks, channels, counts: bool):
+    """One dask task per block of the input (on whatever scheduler is active: a cluster's
+    workers too), each answering its box as a one-process call does; their ids merged."""
+    import dask
+
+    tasks = [dask.delayed(region_labels, pure=True)(scale, lo, hi, channels, counts=counts,
+                                                     distinct=_distinct) for lo, hi in blocks]
+    parts = dask.compute(*tasks)
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64)
+    if not counts:
+        return np.unique(ids), None
+    unique, inverse = np.unique(ids, return_inverse=True)
+    total = np.zeros(len(unique), np.int64)
+    np.add.at(total, inverse, np.concatenate([p[1] for p in parts]).astype(np.int64))
+    return unique, total
 
 
 def _distinct(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
