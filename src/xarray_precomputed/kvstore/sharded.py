@@ -6,6 +6,7 @@ however many reads touch it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -96,7 +97,7 @@ class ShardedKeyValue(KeyValue):
                 # mapped shards (an annotation read of many keys): each shard's indices parsed and
                 # values located on its own thread (inflation and numpy release the GIL)
                 # (threads of this call, sized by the store's context: they wait on its pools)
-                answers = run_threads([lambda g=g: one(g) for g in groups],
+                answers = run_threads([functools.partial(one, g) for g in groups],
                                       max(2, self.store.context.decode_threads), "xp-shards")
             else:
                 answers = [one(g) for g in groups]
