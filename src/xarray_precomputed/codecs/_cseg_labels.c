@@ -284,26 +284,8 @@ static int chunk_labels(const unsigned char *buf, uint64_t len, Py_ssize_t nc, c
     const uint64_t nwords = len / 4;
     const uint64_t gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
     Py_ssize_t c;
-    if (len % 4 != 0) {
-        err->code = E_LEN4;
-        err->a = len;
+    if (check_chunk(buf, len, nc, G, err) < 0)
         return -1;
-    }
-    if (nwords < (uint64_t)nc) {
-        err->code = E_FEW_WORDS;
-        err->a = nwords;
-        err->b = (uint64_t)nc;
-        return -1;
-    }
-    for (c = 0; c < nc; c++) {
-        const uint64_t off = ld32(buf + 4 * (uint64_t)c);
-        uint64_t clen;
-        err->chan = c;
-        if (channel_extent(off, nwords, gxy, G, err, &clen) < 0)
-            return -1;
-        if (check_channel(buf + 4 * off, clen, G, err) < 0)
-            return -1;
-    }
     for (c = 0; c < nchan; c++) {
         const uint64_t off = ld32(buf + 4 * (uint64_t)chans[c]);
         uint64_t clen;

@@ -236,8 +236,10 @@ fail:
     return -1;
 }
 
-static int run_mapped(const unsigned char *buf, uint64_t len, Py_ssize_t nc, const cseg_geom *G,
-                      char *out, mapping *m, cseg_err *err)
+/* A chunk's length and every channel's offsets and block headers checked, as the decoder checks
+ * them, before any channel is read (what both the label reader and the mapped decoder need). */
+static int check_chunk(const unsigned char *buf, uint64_t len, Py_ssize_t nc, const cseg_geom *G,
+                       cseg_err *err)
 {
     const uint64_t nwords = len / 4;
     const uint64_t gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
@@ -262,6 +264,17 @@ static int run_mapped(const unsigned char *buf, uint64_t len, Py_ssize_t nc, con
         if (check_channel(buf + 4 * off, clen, G, err) < 0)
             return -1;
     }
+    return 0;
+}
+
+static int run_mapped(const unsigned char *buf, uint64_t len, Py_ssize_t nc, const cseg_geom *G,
+                      char *out, mapping *m, cseg_err *err)
+{
+    const uint64_t nwords = len / 4;
+    const uint64_t gxy = (uint64_t)G->g[0] * (uint64_t)G->g[1];
+    Py_ssize_t c;
+    if (check_chunk(buf, len, nc, G, err) < 0)
+        return -1;
     for (c = 0; c < nc; c++) {
         const uint64_t off = ld32(buf + 4 * (uint64_t)c);
         uint64_t clen;
