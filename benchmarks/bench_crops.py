@@ -96,7 +96,8 @@ def worker(reader: str, column: str, path: str, size: int, n: int, mode: str) ->
     except ImportError:
         pass
     import aiohttp  # noqa: F401  (our HTTP client and fsspec's)
-    import requests  # noqa: F401  (CloudVolume's)
+    if reader == "cv":
+        import requests  # noqa: F401  (CloudVolume's HTTP client; a machine without it runs no cv)
 
     import xarray_precomputed.backends.precomputed  # noqa: F401
     from xarray_precomputed import Volume
