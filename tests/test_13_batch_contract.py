@@ -116,16 +116,24 @@ def test_no_source_indexes_a_row_by_number():
         assert not bad, f"{name} indexes a geometry row or a kind by number: {bad}"
 
 
-@pytest.mark.parametrize("first", [True, False], ids=["libdeflate", "zlib-in-C"])
+@pytest.mark.parametrize("first", [True, False, "many-cores"],
+                         ids=["libdeflate", "zlib-in-C", "zlib-in-C-on-many-cores"])
 def test_gzip_shards_read_alike_whichever_inflates(tmp_path, monkeypatch, first):
     """Chunks of gzip shards are inflated by libdeflate before the extension decodes them, or by
-    the extension's zlib where the `deflate` package is missing: the same voxels as TensorStore,
-    the same error naming the chunk for damaged gzip data."""
+    the extension's zlib where the `deflate` package is missing or the machine has more cores
+    than INFLATE_FIRST_MAX_CORES: the same voxels as TensorStore, the same error naming the chunk
+    for damaged gzip data."""
     from oracle import make_data, ts_read, write_volume
 
     from xarray_precomputed import CorruptChunkError, Volume
 
-    monkeypatch.setattr(batched, "INFLATE_FIRST", first)
+    monkeypatch.setattr(batched, "INFLATE_FIRST", bool(first))
+    inflated_first = []
+    real = batched._Read.inflated
+    monkeypatch.setattr(batched._Read, "inflated",
+                        lambda self, *a: inflated_first.append(1) or real(self, *a))
+    if first == "many-cores":
+        monkeypatch.setattr(batched, "INFLATE_FIRST_MAX_CORES", batched.base.running_reads.cores - 1)
     data = make_data((40, 24, 20, 1), np.uint64, seed=13, labels=True)
     sharding = {"preshift_bits": 1, "minishard_bits": 1, "shard_bits": 1, "data_encoding": "gzip"}
     path = write_volume(tmp_path / "v", data, chunk_size=(16, 8, 8), sharding=sharding,
@@ -135,6 +143,7 @@ def test_gzip_shards_read_alike_whichever_inflates(tmp_path, monkeypatch, first)
     for box in [(slice(0, 40), slice(0, 24), slice(0, 20)), (slice(5, 21), slice(3, 9), slice(7, 19))]:
         for order in "CF":
             np.testing.assert_array_equal(scale.read(box, order=order), truth[box])
+    assert bool(inflated_first) == (first is True)
     shard = sorted(p for p in path.rglob("*.shard"))[0]
     blob = bytearray(shard.read_bytes())
     at = blob.rfind(b"\x1f\x8b\x08")  # the last gzip member: a chunk's data

@@ -98,6 +98,12 @@ FILE_RUN_BYTES_ROWS = 8 << 20
 # zlib's speed, the same streams accepted): inflating was half of a random 64^3 crop of seg's
 # CPU. In parts of at most this many inflated bytes, each one call of the extension.
 INFLATE_FIRST = inflates_with_libdeflate()
+# ... but only on at most this many cores: each value inflated first is a Python call and a fresh
+# buffer, freed under the GIL, which serialises the decode threads of a many-core read; zlib in
+# the extension, into its reused buffer, costs more CPU but no Python per value. 2 GiB seg
+# `.values`, 16-core Xeon, GB/s inflating first / in the extension: 2 cores 4.97 / 3.38, 4 7.15 /
+# 6.62, 8 11.9 / 10.2, 16 10.1 / 14.0.
+INFLATE_FIRST_MAX_CORES = 8
 INFLATED_PART_BYTES = 1 << 20
 # Batches of at most this many chunks are checked with Python ints (a crop's or a dask task's
 # few chunks: numpy's calls on arrays of one to eight rows cost more).
@@ -461,7 +467,8 @@ class _Read:
             src = np.ascontiguousarray(rows[:, :3])
         limit = self.limit
         gzip = got.gzip
-        first = gzip and (INFLATE_FIRST or not _batch.HAVE_ZLIB)  # type: ignore[union-attr]
+        first = gzip and ((INFLATE_FIRST and base.running_reads.cores <= INFLATE_FIRST_MAX_CORES)
+                          or not _batch.HAVE_ZLIB)  # type: ignore[union-attr]
         parts = self.inflated(members, got.sources, src) if first else \
             [(slice(None), got.sources, src)]
         in_c = gzip and not first
