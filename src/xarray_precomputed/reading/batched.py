@@ -87,6 +87,10 @@ MIN_BATCH_CHUNKS = 4
 # of 128x128x32 uint8 chunk files (crops/s, 2 cores, shared): 4 KiB 1610-1700, 16 KiB 1530-1560,
 # whole files 1200-1565 (a lone call measures ~0.65 us a span; whole files also evict the cache).
 SPAN_COST_BYTES = 4 << 10
+# A remote raw chunk a box needs part of is one ranged request, from the first byte it needs to
+# the last, where that is at most this fraction of the chunk: the same requests as whole reads
+# (latency bounds them), fewer bytes where bandwidth does.
+REMOTE_RANGE_AT_MOST = 0.5
 # Local chunk files are read and decoded in runs of about this many bytes, so that what a run read
 # is still in cache when decoded (em's 256 chunks into a C-ordered result, the C calls alone:
 # runs of 0.5-2 MiB 25-27 ms, as reading and decoding each file in turn; 8 MiB 30-36 ms). Into a
@@ -304,7 +308,9 @@ class _Read:
         may go into its reused buffer. `out`: the result, whose regions whole raw chunks are
         read straight into where each is one run of it (or `dests`, those regions given)."""
         m = batch.members
-        spans = self.spans(m) if self.raw and local else None
+        spans = None
+        if self.raw:
+            spans = self.spans(m) if local else self.remote_spans(m)
         if dests is None and out is not None and local:
             dests = self.dests(m, out)
         buffer = _scratch_for("files", min(len(m) * self.chunk_bytes, 64 << 20) + 1) if local else None
@@ -355,6 +361,38 @@ class _Read:
             spans[k:k + count, 1] = length
             k += count
         return np.array(first, np.int64), spans
+
+    def remote_spans(self, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """`spans` of the chunk files of a remote read whose first to last wanted byte is at
+        most REMOTE_RANGE_AT_MOST of the chunk (one ranged request each: the same requests as
+        whole reads, fewer bytes); None where no chunk gains."""
+        if not self.kv.one_object_per_key:
+            return None
+        got = self.spans(members)
+        if got is None:
+            return None
+        first, spans = got
+        bounds = first.tolist()
+        G = GEOM
+        assert G is not None
+        per_voxel = self.nc * self.reader.dtype.itemsize
+        keep = []
+        for j, g in enumerate(self.geom[members].tolist()):
+            f, e = bounds[j], bounds[j + 1]
+            if e > f:
+                a = int(spans[f:e, 0].min())
+                b = int((spans[f:e, 0] + spans[f:e, 1]).max())
+                whole = g[G.shape] * g[G.shape + 1] * g[G.shape + 2] * per_voxel
+                if b - a <= REMOTE_RANGE_AT_MOST * whole:
+                    keep.append((j, f, e))
+        if not keep:
+            return None
+        out_first = np.zeros(len(members) + 1, np.int64)
+        parts = []
+        for j, f, e in keep:
+            out_first[j + 1] = e - f
+            parts.append(spans[f:e])
+        return np.cumsum(out_first), np.concatenate(parts)
 
     def dests(self, members: np.ndarray, out: np.ndarray) -> list | None:
         """Per chunk, the region of `out` its stored bytes are, where a whole raw chunk is one

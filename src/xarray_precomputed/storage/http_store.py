@@ -17,9 +17,11 @@ import os
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..errors import PermissionDeniedError, PrecomputedError, StorageError
 from . import retry
-from .base import Store, coalesce, split_merged
+from .base import ABSENT, Located, Store, coalesce, located, split_merged
 from .bodies import MAX_BODY_BYTES, body_bound, read_response
 from .encoded_objects import EncodedAnswer, EncodedObjects, EncodedRanges
 from .encodings import accepted_encodings, decode_content, is_encoded
@@ -142,11 +144,12 @@ class HttpStore(EncodedRanges, Store):
         raise AssertionError("unreachable")
 
     async def _get(self, key: str, start: int | None = None, end: int | None = None,
-                   limit: int | None = None):
+                   limit: int | None = None, sized: bool = False):
         """The value of `key` (or its bytes [start, end)); None when the server has no such key
         (404: other 4xx are errors); b"" for a range that starts at or past the end (416); an
         EncodedAnswer for a range answered in part with a Content-Encoding (bytes of the encoded
-        object, not of the object)."""
+        object, not of the object). `sized` (a range): (bytes, the object's whole size), the
+        size None where the answer does not state it."""
         session = await self._get_session()
         headers = dict(self._headers)
         if start is None:  # whole values may come encoded in whatever we can undo
@@ -159,7 +162,7 @@ class HttpStore(EncodedRanges, Store):
             if r.status == 404:
                 return None
             if r.status == 416 and start is not None:
-                return b""
+                return (b"", None) if sized else b""
             if r.status not in (200, 206):
                 raise HTTPStatusError(r.status, r.reason or "")
             enc = r.headers.get("Content-Encoding")
@@ -171,6 +174,7 @@ class HttpStore(EncodedRanges, Store):
                 bound = self.max_decoded_bytes
             # read even when of no use below: the connection is kept
             body = await read_response(r, bound, self.describe(key))
+            total = _whole_size(r.headers.get("Content-Range")) if r.status == 206 else None
         if start is not None and r.status == 206 and is_encoded(enc):
             return EncodedAnswer(enc or "")
         if enc:
@@ -179,8 +183,9 @@ class HttpStore(EncodedRanges, Store):
         if start is not None and r.status == 200:  # the server ignored Range: the whole object
             if is_encoded(enc):  # decoded once, kept for the object's other ranges
                 self._encoded.keep(key, body)
+            total = len(body)
             body = body[start:end]
-        return body
+        return (body, total) if sized and start is not None else body
 
     async def _gather(self, calls) -> list:
         return await asyncio.gather(*(self._retrying(self._get, *c) for c in calls),
@@ -211,6 +216,64 @@ class HttpStore(EncodedRanges, Store):
             if isinstance(v, BaseException):
                 raise self._fail(key, v) from v
         return got
+
+    def read_batch(self, keys: Sequence[str], *, limit: int | None = None, buffer=None,
+                   spans: tuple[np.ndarray, np.ndarray] | None = None,
+                   dests: Sequence[Any] | None = None) -> Located:
+        """As `Store.read_batch`; a value asked for as spans is one ranged request, from its
+        first wanted byte to its last, whose spans are packed as a local read packs them. A value
+        that cannot be read that way (stored Content-Encoded, an answer without its object's
+        size) is read whole."""
+        if spans is None:
+            return located(self.read_many(keys, limit=limit))
+        first, sp = spans
+        bounds = first.tolist()
+        calls: list[tuple] = []
+        wanted: dict[int, list] = {}
+        for i, key in enumerate(keys):
+            f, e = bounds[i], bounds[i + 1]
+            if e > f and not self._encoded.expected(key) and self._encoded.cached(key) is None:
+                mine = sp[f:e].tolist()
+                a = min(o for o, _ in mine)
+                wanted[i] = mine
+                calls.append((key, a, max(o + n for o, n in mine), None, True))
+            else:
+                calls.append((key, None, None, limit))
+        self.count("read", len(keys) - len(wanted))
+        self.count("range", len(wanted))
+        try:
+            got = self._run_batch(calls)
+        except Exception as e:
+            raise self._fail(keys[0], e) from e
+        for key, v in zip(keys, got):
+            if isinstance(v, BaseException):
+                raise self._fail(key, v) from v
+        rows = np.zeros((len(keys), 4), np.int64)
+        rows[:, 0] = ABSENT
+        sources: list = []
+        again = []
+        for i, v in enumerate(got):
+            if v is None:
+                continue
+            if i in wanted:
+                if isinstance(v, EncodedAnswer) or v[1] is None:
+                    again.append(i)  # read whole below
+                    continue
+                body, total = v
+                start = calls[i][1]
+                view = memoryview(body)
+                packed = b"".join(view[o - start:o - start + n] for o, n in wanted[i])
+                rows[i] = (len(sources), 0, len(packed), total)
+                sources.append(packed)
+            else:
+                rows[i] = (len(sources), 0, len(v), len(v))
+                sources.append(v)
+        if again:
+            for i, v in zip(again, self.read_many([keys[i] for i in again], limit=limit)):
+                if v is not None:
+                    rows[i] = (len(sources), 0, len(v), len(v))
+                    sources.append(v)
+        return Located(sources, rows)
 
     def _read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]):
         merged, owner = coalesce(ranges, REMOTE_COALESCE_GAP)
@@ -274,3 +337,11 @@ class HttpStore(EncodedRanges, Store):
 
     def delete(self, key: str) -> None:
         self._fs().delete(key)
+
+
+def _whole_size(content_range: str | None) -> int | None:
+    """The object's size a 206 answer's Content-Range states ("bytes 0-99/1234"), or None."""
+    if not content_range:
+        return None
+    total = content_range.rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None
