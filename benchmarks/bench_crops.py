@@ -15,8 +15,10 @@ Columns: `numpy 1t` (ours `Volume.open(url).scale(0).read(box)`), `xarray 1t` (o
 `.isel(...).values` on a dataset opened without chunks), `xarray 4t` (4 threads each taking
 crops from the same dataset). A peer has one API: its `t[box].read().result()` (TensorStore) or
 `cv[box]` (CloudVolume) is timed in its 1-thread and 4-thread columns, the 1-thread one shown
-under both numpy and xarray. CloudVolume reads the sharded seg at ~5 crops/s: it takes the first
-tenth of the crops there.
+under both numpy and xarray. `--readers ...,floor`: no reader, a fresh block of ones per crop
+(numpy), through xarray's `.isel(...).values` on a backend array that returns it (xarray): the
+bound of each column, shown over the faster peer. CloudVolume reads the sharded seg at ~5
+crops/s: it takes the first tenth of the crops there.
 
 Volumes (volumes.py, written by TensorStore): `seg`, uint64 compressed_segmentation, sharded,
 64³ chunks, 512×512×256 (W1's); `raw`, uint8 raw, unsharded 128×128×32 chunk files, 512×512×256
@@ -112,7 +114,9 @@ def worker(reader: str, column: str, path: str, size: int, n: int, mode: str) ->
         boxes = boxes[:max(8, n // 10)]  # ~5 crops/s on the sharded seg: the first tenth
 
     cache = None
-    if reader.startswith("ours"):
+    if reader == "floor":
+        get = _floor_reader(column, path, size)
+    elif reader.startswith("ours"):
         if reader == "ours-cache":
             from xarray_precomputed.util import ChunkCache
 
@@ -165,6 +169,36 @@ def worker(reader: str, column: str, path: str, size: int, n: int, mode: str) ->
     checksum = sum(int(np.asarray(a, dtype=np.uint64).sum(dtype=np.uint64)) for a in kept) % (1 << 64)
     return {"seconds": seconds, "crops_per_s": len(boxes) / seconds, "cpu_s": cpu,
             "crops_per_cpu_s": len(boxes) / cpu, "checksum": checksum}
+
+
+def _floor_reader(column: str, path: str, size: int):
+    """No reader: a fresh block of ones of the crop's shape (`numpy1`), or (`xarray*`) the same
+    from a backend array under the dataset's own dims and coordinates, so `.isel(...).values`
+    costs what xarray alone costs: what no reader's xarray column can beat."""
+    import numpy as np
+    import xarray as xr
+    from xarray.backends import BackendArray
+    from xarray.core import indexing
+
+    ds = xr.open_dataset(path, engine="precomputed")
+    var = ds[ds.attrs["type"]]
+    shape = (size, size, size, *var.shape[3:])
+    if column == "numpy1":
+        return lambda x, y, z: np.ones(shape, var.dtype)
+
+    class Ones(BackendArray):
+        def __init__(self):
+            self.shape, self.dtype = var.shape, var.dtype
+
+        def __getitem__(self, key):
+            return indexing.explicit_indexing_adapter(
+                key, self.shape, indexing.IndexingSupport.BASIC, lambda k: np.ones(shape, var.dtype))
+
+    floor = xr.DataArray(xr.Variable(var.dims, indexing.LazilyIndexedArray(Ones())),
+                         coords=var.coords, name="floor")
+    dx, dy, dz = floor.dims[:3]
+    return lambda x, y, z: floor.isel({dx: slice(x, x + size), dy: slice(y, y + size),
+                                       dz: slice(z, z + size)}).values
 
 
 def build_volumes(root: Path) -> dict[str, Path]:
@@ -233,7 +267,8 @@ def main() -> None:
                 k = rnd % len(readers)
                 for reader in readers[k:] + readers[:k]:
                     # a peer's one API is timed as `xarray1`
-                    columns = [c for c in COLUMNS if reader.startswith("ours") or c != "numpy1"]
+                    columns = [c for c in COLUMNS
+                               if reader.startswith("ours") or reader == "floor" or c != "numpy1"]
                     got = run_one(reader, ",".join(columns), paths[vol], size, args.n, args.mode)
                     for column in columns:
                         r = got.get(column, got) if "error" not in got else got
@@ -258,24 +293,24 @@ def table(results: dict, readers: tuple, what: str = "crops_per_s") -> str:
     keys = sorted({tuple(k.split("|")[:2]) for k in results}, key=lambda v: (v[0], int(v[1])))
     for vol, size in keys:
         def cell(reader, column, vol=vol, size=size):
-            if not reader.startswith("ours") and column == "numpy1":
+            if not reader.startswith("ours") and reader != "floor" and column == "numpy1":
                 column = "xarray1"
             return _median(results.get(f"{vol}|{size}|{reader}|{column}", []), what)
 
         for reader in readers:
             row = [cell(reader, c) for c in COLUMNS]
             text = [f"{v:,.0f}" if v is not None else "—" for v in row]
-            if reader.startswith("ours"):
+            if reader.startswith("ours") or reader == "floor":
                 for j, c in enumerate(COLUMNS):
                     # against the faster peer; with --cache, ours with one against ours without
-                    others = [p for p in readers if not p.startswith("ours")] or \
+                    others = [p for p in readers if not p.startswith("ours") and p != "floor"] or \
                         (["ours"] if reader != "ours" else [])
                     peers = [p for p in (cell(p, c) for p in others) if p]
                     if row[j] and peers:
                         text[j] += f" ({row[j] / max(peers):.2f}×)"
             lines.append(f"| {vol} {size}³ {reader} | " + " | ".join(text) + " |")
         checks = {r.get("checksum") for k, rs in results.items() if k.startswith(f"{vol}|{size}|")
-                  for r in rs if "error" not in r}
+                  and "|floor|" not in k for r in rs if "error" not in r}
         if len(checks) > 1:
             lines.append(f"| {vol} {size}³: READERS DISAGREE (checksums {sorted(checks)}) | | | |")
     return "\n".join(lines)
