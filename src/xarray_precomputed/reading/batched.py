@@ -44,7 +44,7 @@ from .base import (
     REMOTE_BATCH_BYTES,
     REMOTE_IN_FLIGHT,
     WHOLE_SHARD_MAX_BYTES,
-    bounded_map,
+    drain_map,
     map_reads,
     pipeline,
 )
@@ -661,7 +661,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
         return
     # as many batches at once as there are cores (the pool has twice as many threads, for reads
     # that wait on a disk or a network)
-    bounded_map(reader.context.cpu_pool(), run, jobs, window=base.running_reads.cores)
+    drain_map(reader.context.cpu_pool(), run, jobs, workers=base.running_reads.cores)
 
 
 _ONE = np.zeros(1, np.intp)
