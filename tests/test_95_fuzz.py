@@ -462,8 +462,13 @@ def child_main(target: str, root: str, n: str, arg: str = "") -> None:
 def _settings(n: int):
     from hypothesis import HealthCheck, Phase, settings
 
+    # a fuzz run's inputs are large and slow to make by design; the checks of how a test is
+    # written (fixtures, executors, nesting) stay on
     return settings(max_examples=n, deadline=None, database=None,
-                    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=[HealthCheck.data_too_large, HealthCheck.too_slow,
+                                           HealthCheck.large_base_example,
+                                           HealthCheck.filter_too_much],
                     print_blob=True, derandomize=False)
 
 
