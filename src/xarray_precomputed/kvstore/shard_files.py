@@ -8,6 +8,8 @@ are counted in the context's `index_fetches`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from contextlib import ExitStack
 from typing import Iterable
 
@@ -270,6 +272,10 @@ class ShardReader:
         one numpy pass."""
         if len(got) < 4:
             return {m: self._parse_minishard(buf, a, b, wheres[m]) for m, a, b, buf in got}
+        if self.spec.minishard_index_encoding == "gzip":
+            streamed = self._inflate_parse(got, split=split)
+            if streamed is not None:
+                return streamed
         if split and len(got) >= 64 and sum(b - a for _, a, b, _ in got) >= 1 << 20:
             # many large ones (every minishard of a by_id shard): inflated and parsed in two
             # halves at once (libdeflate and numpy release the GIL)
@@ -278,10 +284,6 @@ class ShardReader:
                 [lambda: self._parse_minishards(got[:half], wheres, split=False),
                  lambda: self._parse_minishards(got[half:], wheres, split=False)], 2, "xp-minishards")
             return {**first, **second}
-        if self.spec.minishard_index_encoding == "gzip":
-            streamed = self._inflate_parse(got)
-            if streamed is not None:
-                return streamed
         bufs = []
         for m, a, b, buf in got:
             if len(buf) != b - a:
@@ -294,13 +296,14 @@ class ShardReader:
         parsed = parse_indices(bufs, self.index_end, wheres=[wheres[g[0]] for g in got])
         return {g[0]: p for g, p in zip(got, parsed)}
 
-    def _inflate_parse(self, got: list) -> dict[int, MinishardIndex] | None:
+    def _inflate_parse(self, got: list, *, split: bool = False) -> dict[int, MinishardIndex] | None:
         """The gzip minishard indices of `got` inflated one at a time (libdeflate), each parsed
         by the extension into one set of columns before the next is inflated, so one few pages
         hold each in turn (inflating all first cost a page fault per 4 KiB: most of a by_id
-        read). None, having raised nothing, where any is not plainly well formed (its length, a
-        gzip header or trailer decode_gzip would not hand to libdeflate, the inflated bytes):
-        the caller's path then decides and names it."""
+        read); with `split`, 8 MiB or more of them in two halves on two threads (both
+        release the GIL). None, having raised nothing, where any is not plainly well formed (its
+        length, a gzip header or trailer decode_gzip would not hand to libdeflate, the inflated
+        bytes): the caller's path then decides and names it."""
         if _native is None or gunzip_stated is None:
             return None
         limit = self.max_minishard_bytes
@@ -317,18 +320,28 @@ class ShardReader:
         ids = np.empty(total, np.uint64)
         starts = np.empty(total, np.int64)
         ends = np.empty(total, np.int64)
-        out: dict[int, MinishardIndex] = {}
-        at = 0
-        for (m, _, _, buf), size in zip(got, sizes):
-            try:
-                done = _native.parse_into(gunzip_stated(buf), self.index_end, ids, starts, ends, at)
-            except GunzipError:
-                return None
-            if done != size:
-                return None
-            out[m] = MinishardIndex(ids[at:at + size], starts[at:at + size], ends[at:at + size])
-            at += size
-        return out
+        firsts = [0, *itertools.accumulate(sizes)]
+
+        def run(lo: int, hi: int) -> dict[int, MinishardIndex] | None:
+            out: dict[int, MinishardIndex] = {}
+            for j in range(lo, hi):
+                m, buf, at, size = got[j][0], got[j][3], firsts[j], sizes[j]
+                try:
+                    done = _native.parse_into(gunzip_stated(buf), self.index_end, ids, starts,
+                                              ends, at)
+                except GunzipError:
+                    return None
+                if done != size:
+                    return None
+                out[m] = MinishardIndex(ids[at:at + size], starts[at:at + size], ends[at:at + size])
+            return out
+
+        half = len(got) // 2
+        if not split or total < (8 << 20) // 24 or half < 4:
+            return run(0, len(got))
+        first, second = run_threads([functools.partial(run, 0, half),
+                                     functools.partial(run, half, len(got))], 2, "xp-minishards")
+        return None if first is None or second is None else {**first, **second}
 
     def _parse_minishard(self, buf, a: int, b: int, where: str) -> MinishardIndex:
         """The minishard index stored at `[a, b)` of the shard file, given its bytes `buf`."""
