@@ -12,8 +12,8 @@
  *     multiple of 24, an offset delta or size of 2^62 or more, an id delta of 0 after an index's
  *     first, ids past 2^64, data past 2^60 bytes): the numpy parser
  *     (format/sharding.py: parse_minishard_indices) then decides and names the index, so errors
- *     have one source. It refuses at 2^61 bytes, with float sums: the margin below it here keeps
- *     this from accepting anything it refuses.
+ *     have one source. That parser refuses data at 2^61 bytes by float sums: the margin below it
+ *     here keeps this from accepting anything it refuses.
  *
  * parse_into(buf, index_end, ids, starts, ends, at) -> int
  *     One index parsed into columns made by the caller (uint64, int64, int64, of one length),
