@@ -268,8 +268,8 @@ class ShardReader:
 
     def _parse_minishards(self, got: list, wheres: dict[int, str], *,
                           split: bool = False) -> dict[int, MinishardIndex]:
-        """`_parse_minishard` of each (minishard, start, end, bytes) of `got`; many at once in
-        one numpy pass."""
+        """`_parse_minishard` of each (minishard, start, end, bytes) of `got`; many gzip ones
+        streamed through the extension (`_inflate_parse`), else inflated, then parsed at once."""
         if len(got) < 4:
             return {m: self._parse_minishard(buf, a, b, wheres[m]) for m, a, b, buf in got}
         if self.spec.minishard_index_encoding == "gzip":
@@ -298,8 +298,8 @@ class ShardReader:
 
     def _inflate_parse(self, got: list, *, split: bool = False) -> dict[int, MinishardIndex] | None:
         """The gzip minishard indices of `got` inflated one at a time (libdeflate), each parsed
-        by the extension into one set of columns before the next is inflated, so one few pages
-        hold each in turn (inflating all first cost a page fault per 4 KiB: most of a by_id
+        by the extension into one set of columns before the next is inflated, so the same few
+        pages hold each in turn (inflating all first cost a page fault per 4 KiB: most of a by_id
         read); with `split`, 8 MiB or more of them in two halves on two threads (both
         release the GIL). None, having raised nothing, where any is not plainly well formed (its
         length, a gzip header or trailer decode_gzip would not hand to libdeflate, the inflated
