@@ -26,6 +26,7 @@ EXTENSIONS = {
     "xarray_precomputed.codecs._draco": "Draco mesh decoder",
     "xarray_precomputed.dvid._block": "DVID block decoder",
     "xarray_precomputed.storage._fileread": "local file reads",
+    "xarray_precomputed.kvstore._minishard": "minishard index parsing and lookups",
     "xarray_precomputed.reading._chunk_batch": "batched chunk decoding",
 }
 

@@ -302,9 +302,8 @@ class RecordLayout:
                 o += c
             records = out
         else:
-            records = _records(buf[range_index(starts + 8, counts * rec)].reshape(-1, rec),
-                               self.record_dtype)
-            ids = buf[range_index(starts + 8 + counts * rec, counts * 8)].view(_U64).astype(np.uint64)
+            records = _at(buf, self.record_dtype, _steps(starts + 8, counts, rec))
+            ids = _at(buf, _U64, _steps(starts + 8 + counts * rec, counts, 8)).astype(np.uint64)
         cols = AnnotationColumns(ids)
         for g in self.geometry_names:
             cols.geometry[g] = records[g].astype(np.float32)
@@ -389,7 +388,7 @@ class RecordLayout:
             counts = _gather(buf, pos, 4).view(_U32).reshape(-1).astype(np.int64)
             bad(pos + 4 + 8 * counts > end, f"annotation record of {{n}} bytes ends inside the "
                                             f"ids of relationship {rel!r}")
-            rel_ids = buf[range_index(pos + 4, counts * 8)].view(_U64).astype(np.uint64)
+            rel_ids = _at(buf, _U64, _steps(pos + 4, counts, 8)).astype(np.uint64)
             cols.relationships[rel] = (counts.astype(np.uint32), rel_ids)
             pos = pos + 4 + 8 * counts
         bad(pos != end, "annotation record of {n} bytes has bytes after its last relationship")
@@ -486,6 +485,28 @@ def _gather(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     if width == 0:
         return np.zeros((len(starts), 0), np.uint8)
     return np.ascontiguousarray(buf[starts[:, None] + np.arange(width, dtype=np.int64)])
+
+
+def _steps(starts: np.ndarray, counts: np.ndarray, step: int) -> np.ndarray:
+    """Byte offsets of `counts[i]` elements of `step` bytes from each `starts[i]`, concatenated."""
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts  # each run's first element
+    return np.repeat(starts - first * step, counts) + np.arange(total, dtype=np.int64) * step
+
+
+def _at(buf: np.ndarray, dtype, offsets: np.ndarray) -> np.ndarray:
+    """The `dtype` element at each byte offset of `buf` (flat uint8): one copy per element
+    through a view holding an element at every byte, where an index per byte cost ~6x as much
+    (a related query's 10^4 records)."""
+    dtype = np.dtype(dtype)
+    offsets = np.asarray(offsets, np.int64)
+    if dtype.itemsize == 0 or not len(offsets):
+        return np.zeros(len(offsets), dtype)
+    if len(buf) < dtype.itemsize:
+        raise IndexError(f"no {dtype.itemsize}-byte element in {len(buf)} bytes")
+    every = np.ndarray((len(buf) - dtype.itemsize + 1,), dtype, buffer=np.ascontiguousarray(buf),
+                       strides=(1,))
+    return every[offsets]
 
 
 def _records(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:

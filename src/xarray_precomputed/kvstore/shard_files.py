@@ -8,17 +8,23 @@ are counted in the context's `index_fetches`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from contextlib import ExitStack
 from typing import Iterable
 
 import numpy as np
 
+from .._native import load
 from ..context import DefaultCounters, default_context, live_contexts, run_threads
 from ..errors import ShardFormatError
 from ..format.info import ShardingSpec
 from ..format.sharding import (
+    MAX_DEFLATE_RATIO,
+    GunzipError,
     MinishardIndex,
     decode_gzip,
+    gunzip_stated,
     parse_minishard_index,
     parse_minishard_indices,
     parse_shard_index_entry,
@@ -28,6 +34,9 @@ from ..format.sharding import (
 from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import merge_runs
 from ..util import single_flight
+
+# A shard's minishard indices parsed and looked up in one call each (GIL released); None: numpy.
+_native = load("xarray_precomputed.kvstore._minishard")
 
 # In the store's context: minishard indices, and which form each shard file has (one `.shard`,
 # the obsolete `.index` + `.data` pair, or absent).
@@ -259,10 +268,14 @@ class ShardReader:
 
     def _parse_minishards(self, got: list, wheres: dict[int, str], *,
                           split: bool = False) -> dict[int, MinishardIndex]:
-        """`_parse_minishard` of each (minishard, start, end, bytes) of `got`; many at once in
-        one numpy pass."""
+        """`_parse_minishard` of each (minishard, start, end, bytes) of `got`; many gzip ones
+        streamed through the extension (`_inflate_parse`), else inflated, then parsed at once."""
         if len(got) < 4:
             return {m: self._parse_minishard(buf, a, b, wheres[m]) for m, a, b, buf in got}
+        if self.spec.minishard_index_encoding == "gzip":
+            streamed = self._inflate_parse(got, split=split)
+            if streamed is not None:
+                return streamed
         if split and len(got) >= 64 and sum(b - a for _, a, b, _ in got) >= 1 << 20:
             # many large ones (every minishard of a by_id shard): inflated and parsed in two
             # halves at once (libdeflate and numpy release the GIL)
@@ -280,8 +293,55 @@ class ShardReader:
                 buf = decode_gzip(buf, self.max_minishard_bytes, where=wheres[m],
                                   what="minishard index")
             bufs.append(buf)
-        parsed = parse_minishard_indices(bufs, self.index_end, wheres=[wheres[g[0]] for g in got])
+        parsed = parse_indices(bufs, self.index_end, wheres=[wheres[g[0]] for g in got])
         return {g[0]: p for g, p in zip(got, parsed)}
+
+    def _inflate_parse(self, got: list, *, split: bool = False) -> dict[int, MinishardIndex] | None:
+        """The gzip minishard indices of `got` inflated one at a time (libdeflate), each parsed
+        by the extension into one set of columns before the next is inflated, so the same few
+        pages hold each in turn (inflating all first cost a page fault per 4 KiB: most of a by_id
+        read); with `split`, 8 MiB or more of them in two halves on two threads (both
+        release the GIL). None, having raised nothing, where any is not plainly well formed (its
+        length, a gzip header or trailer decode_gzip would not hand to libdeflate, the inflated
+        bytes): the caller's path then decides and names it."""
+        if _native is None or gunzip_stated is None:
+            return None
+        limit = self.max_minishard_bytes
+        sizes = []
+        for _, a, b, buf in got:
+            n = len(buf)
+            if n != b - a or n < 18 or buf[0] != 0x1F or buf[1] != 0x8B or buf[3] & 0x02:
+                return None
+            size = int.from_bytes(buf[n - 4:], "little")
+            if size > limit or size > MAX_DEFLATE_RATIO * n or size % 24:
+                return None
+            sizes.append(size // 24)
+        total = sum(sizes)
+        ids = np.empty(total, np.uint64)
+        starts = np.empty(total, np.int64)
+        ends = np.empty(total, np.int64)
+        firsts = [0, *itertools.accumulate(sizes)]
+
+        def run(lo: int, hi: int) -> dict[int, MinishardIndex] | None:
+            out: dict[int, MinishardIndex] = {}
+            for j in range(lo, hi):
+                m, buf, at, size = got[j][0], got[j][3], firsts[j], sizes[j]
+                try:
+                    done = _native.parse_into(gunzip_stated(buf), self.index_end, ids, starts,
+                                              ends, at)
+                except GunzipError:
+                    return None
+                if done != size:
+                    return None
+                out[m] = MinishardIndex(ids[at:at + size], starts[at:at + size], ends[at:at + size])
+            return out
+
+        half = len(got) // 2
+        if not split or total < (8 << 20) // 24 or half < 4:
+            return run(0, len(got))
+        first, second = run_threads([functools.partial(run, 0, half),
+                                     functools.partial(run, half, len(got))], 2, "xp-minishards")
+        return None if first is None or second is None else {**first, **second}
 
     def _parse_minishard(self, buf, a: int, b: int, where: str) -> MinishardIndex:
         """The minishard index stored at `[a, b)` of the shard file, given its bytes `buf`."""
@@ -290,6 +350,10 @@ class ShardReader:
                                    f"file", chunk=where)
         if self.spec.minishard_index_encoding == "gzip":
             buf = decode_gzip(buf, self.max_minishard_bytes, where=where, what="minishard index")
+        if _native is not None:
+            got = _native.parse((buf,), self.index_end)
+            if got is not None:
+                return MinishardIndex(got[0], got[1], got[2])
         return parse_minishard_index(buf, self.index_end, file_size=None, where=where)
 
     def read_chunks(self, shard: int, chunk_ids: np.ndarray, minishards: np.ndarray,
@@ -437,21 +501,44 @@ class ShardReader:
         return out
 
 
-def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
+def parse_indices(bufs, index_end: int, *, wheres) -> list[MinishardIndex]:
+    """`parse_minishard_indices` (format/sharding.py) of a shard's inflated minishard indices:
+    parsed by the extension in one call where it takes them all as well formed, else by numpy,
+    which decides and names the index (the extension's answer then is not used)."""
+    if _native is not None:
+        got = _native.parse(bufs, index_end)
+        if got is not None:
+            ids, starts, ends, first = got
+            at = first.tolist()
+            return [MinishardIndex(ids[a:b], starts[a:b], ends[a:b]) for a, b in zip(at[:-1], at[1:])]
+    return parse_minishard_indices(bufs, index_end, wheres=wheres)
+
+
+def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray, *, native: bool = True
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`MinishardIndex.lookup` of every chunk in its own minishard: the chunks sorted by
-    minishard once, then one search and three gathers per minishard over its stretch (no pass
-    over the whole batch per minishard)."""
+    minishard once, then each minishard's stretch searched in its index, all in one call of the
+    extension (`native`, where it is built), else one search and three gathers per minishard
+    (no pass over the whole batch per minishard)."""
     n = len(chunk_ids)
     order = np.argsort(minishards, kind="stable")
     ordered = minishards[order]
     cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     bounds = [0] + cut.tolist() + [n]
     keys = chunk_ids[order]
+    firsts = ordered[bounds[:-1]].tolist() if n else []
+    if native and _native is not None:
+        found = np.empty(n, bool)
+        starts = np.empty(n, np.int64)
+        ends = np.empty(n, np.int64)
+        each = [indices[m] for m in firsts]
+        if _native.lookup([x.ids for x in each], [x.starts for x in each], [x.ends for x in each],
+                          keys, np.array(bounds, np.int64), found, starts, ends):
+            return _unsort(order, found, starts, ends)
     found = np.zeros(n, bool)
     starts = np.zeros(n, np.int64)
     ends = np.zeros(n, np.int64)
-    for m, a, b in zip(ordered[bounds[:-1]].tolist() if n else [], bounds[:-1], bounds[1:]):
+    for m, a, b in zip(firsts, bounds[:-1], bounds[1:]):
         index = indices[m]
         size = len(index.ids)
         if not size:
@@ -462,6 +549,12 @@ def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray
         found[a:b] = index.ids[pos] == k
         starts[a:b] = index.starts[pos]
         ends[a:b] = index.ends[pos]
+    return _unsort(order, found, starts, ends)
+
+
+def _unsort(order, found, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The columns of keys taken in `order`, back in the order asked."""
+    n = len(order)
     out_found = np.empty(n, bool)
     out_starts = np.empty(n, np.int64)
     out_ends = np.empty(n, np.int64)

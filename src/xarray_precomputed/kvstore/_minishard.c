@@ -1,0 +1,362 @@
+/*
+ * kvstore._minishard: a shard's minishard indices parsed, and keys looked up in them, in one call
+ * each with the GIL released (a by_id read of 10^4 annotations parses every minishard index of
+ * its shard: 10^6 entries, where numpy's passes and the arrays between them cost most of the read).
+ *
+ * parse(bufs, index_end) -> (ids, starts, ends, first) or None
+ *     bufs: a sequence of inflated minishard indices (bytes-like, each 3 x n little-endian uint64:
+ *     id deltas, offset deltas, sizes). Every index is parsed into one shared array per column:
+ *     index i's entries are [first[i], first[i + 1]); ids uint64 (running sums of the id deltas),
+ *     starts and ends int64, absolute in the shard file (index_end + running sums of offset deltas
+ *     and sizes). None when any index is not what a well-formed shard holds (a length not a
+ *     multiple of 24, an offset delta or size of 2^62 or more, an id delta of 0 after an index's
+ *     first, ids past 2^64, data past 2^60 bytes): the numpy parser
+ *     (format/sharding.py: parse_minishard_indices) then decides and names the index, so errors
+ *     have one source. That parser refuses data at 2^61 bytes by float sums: the margin below it
+ *     here keeps this from accepting anything it refuses.
+ *
+ * parse_into(buf, index_end, ids, starts, ends, at) -> int
+ *     One index parsed into columns made by the caller (uint64, int64, int64, of one length),
+ *     from position `at`: a shard's gzip indices inflated one at a time into the same few pages
+ *     (libdeflate, by the caller) and parsed into one set of columns, where inflating them all
+ *     first cost a page fault per 4 KiB of them. Its entry count, or -1 where parse would answer
+ *     None, or the columns cannot hold it.
+ *
+ * lookup(ids, starts, ends, keys, cuts, found, out_starts, out_ends) -> bool
+ *     Group g's keys, keys[cuts[g]:cuts[g + 1]], are searched in the sorted ids[g] (each a 1-d
+ *     contiguous uint64 array, starts[g] and ends[g] int64 of its length); for each key: found
+ *     (bool) and the start and end of the entry at its position, clamped to the last entry, as
+ *     numpy's searchsorted and gathers (shard_files.lookup_many) give them (0 for an empty index).
+ *     False, with nothing written, when an argument is not of that form (the numpy path runs).
+ *
+ * Every read lies inside the buffers handed over and every write inside the arrays made or
+ * checked here, whatever the bytes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define BIG ((uint64_t)1 << 62)       /* an offset delta or size no index holds */
+#define PAST ((uint64_t)1 << 60)      /* data past this defers to the numpy parser */
+
+static inline uint64_t le64(const unsigned char *p)
+{
+    return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 |
+           (uint64_t)p[7] << 56;
+}
+
+/* One index of `count` entries at `p` into the columns at `ids`, `starts`, `ends`; 0 if it is
+ * well formed, else -1 (what was written is then dropped). */
+static int parse_one(const unsigned char *p, size_t count, uint64_t index_end, uint64_t *ids,
+                     int64_t *starts, int64_t *ends)
+{
+    const unsigned char *dp = p, *sp = p + 8 * count, *zp = p + 16 * count;
+    uint64_t id = 0, at = index_end;
+    for (size_t k = 0; k < count; k++) {
+        uint64_t d = le64(dp + 8 * k), s = le64(sp + 8 * k), z = le64(zp + 8 * k);
+        if (s >= BIG || z >= BIG)
+            return -1;
+        if (k && d == 0)
+            return -1;
+        if (id + d < id)
+            return -1; /* past 2^64 */
+        id += d;
+        /* at < 2^60 and s + z < 2^63: no wrap */
+        at += s + z;
+        if (at >= PAST)
+            return -1;
+        ids[k] = id;
+        ends[k] = (int64_t)at;
+        starts[k] = (int64_t)(at - z);
+    }
+    return 0;
+}
+
+/* Whether `obj` is a 1-d C-contiguous aligned array of `type`, of `len` elements (or any, -1),
+ * writable if asked. */
+static int is_column(PyObject *obj, int type, npy_intp len, int writable)
+{
+    if (!PyArray_Check(obj))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != type || !PyArray_ISCARRAY_RO(a) ||
+        !PyArray_ISNOTSWAPPED(a))
+        return 0;
+    if (writable && !PyArray_ISWRITEABLE(a))
+        return 0;
+    return len < 0 || PyArray_DIM(a, 0) == len;
+}
+
+/* Every index of `views` into the columns; 0, or -1 if one is not well formed. */
+static int parse_all(const Py_buffer *views, Py_ssize_t n, uint64_t index_end, uint64_t *ids,
+                     int64_t *starts, int64_t *ends, int64_t *first)
+{
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t at = 0;
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        size_t count = (size_t)views[i].len / 24;
+        first[i] = at;
+        if (parse_one((const unsigned char *)views[i].buf, count, index_end, ids + at, starts + at,
+                      ends + at) < 0)
+            bad = 1;
+        at += (int64_t)count;
+    }
+    first[n] = at;
+    Py_END_ALLOW_THREADS
+    return bad ? -1 : 0;
+}
+
+static PyObject *parse(PyObject *self, PyObject *args)
+{
+    PyObject *seq;
+    long long index_end;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OL:parse", &seq, &index_end))
+        return NULL;
+    PyObject *fast = PySequence_Fast(seq, "parse: bufs must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_buffer *views = (Py_buffer *)PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    if (views == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    PyObject *ret = NULL;
+    PyArrayObject *a[4] = {NULL, NULL, NULL, NULL}; /* ids, starts, ends, first */
+    npy_intp dims[1] = {0}, fdims[1] = {n + 1};
+    Py_ssize_t got = 0;
+    int bad = index_end < 0 || (uint64_t)index_end >= PAST;
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        if (views[got].len % 24)
+            bad = 1;
+        dims[0] += views[got].len / 24;
+    }
+    if (!bad) {
+        a[0] = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_UINT64);
+        a[1] = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_INT64);
+        a[2] = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_INT64);
+        a[3] = (PyArrayObject *)PyArray_SimpleNew(1, fdims, NPY_INT64);
+        if (!a[0] || !a[1] || !a[2] || !a[3])
+            goto done;
+        bad = parse_all(views, n, (uint64_t)index_end, (uint64_t *)PyArray_DATA(a[0]),
+                        (int64_t *)PyArray_DATA(a[1]), (int64_t *)PyArray_DATA(a[2]),
+                        (int64_t *)PyArray_DATA(a[3])) < 0;
+    }
+    if (bad) {
+        ret = Py_None;
+        Py_INCREF(ret);
+    } else {
+        ret = Py_BuildValue("(OOOO)", a[0], a[1], a[2], a[3]);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(fast);
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(a[i]);
+    return ret;
+}
+
+/* parse_into, its arguments checked: the entries written, or -1 (not well formed, or the
+ * columns cannot hold them). */
+static Py_ssize_t parse_into_checked(const Py_buffer *view, long long index_end, PyObject *ids,
+                                     PyObject *starts, PyObject *ends, long long at)
+{
+    if (view->len % 24 || index_end < 0 || (uint64_t)index_end >= PAST)
+        return -1;
+    if (!is_column(ids, NPY_UINT64, -1, 1))
+        return -1;
+    npy_intp size = PyArray_DIM((PyArrayObject *)ids, 0);
+    Py_ssize_t count = view->len / 24;
+    if (!is_column(starts, NPY_INT64, size, 1) || !is_column(ends, NPY_INT64, size, 1) || at < 0 ||
+        at > size || count > size - at)
+        return -1;
+    uint64_t *i = (uint64_t *)PyArray_DATA((PyArrayObject *)ids) + at;
+    int64_t *s = (int64_t *)PyArray_DATA((PyArrayObject *)starts) + at;
+    int64_t *e = (int64_t *)PyArray_DATA((PyArrayObject *)ends) + at;
+    int bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = parse_one((const unsigned char *)view->buf, (size_t)count, (uint64_t)index_end, i, s, e);
+    Py_END_ALLOW_THREADS
+    return bad < 0 ? -1 : count;
+}
+
+static PyObject *parse_into(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    long long index_end, at;
+    PyObject *ids, *starts, *ends;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LOOOL:parse_into", &view, &index_end, &ids, &starts, &ends, &at))
+        return NULL;
+    Py_ssize_t got = parse_into_checked(&view, index_end, ids, starts, ends, at);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(got);
+}
+
+typedef struct {
+    const uint64_t *ids;
+    const int64_t *starts, *ends;
+    npy_intp size;
+} group;
+
+/* Each group's keys searched in its index (see the top of the file). */
+static void lookup_all(const group *groups, Py_ssize_t g, const int64_t *cuts,
+                       const uint64_t *keys, npy_bool *found, int64_t *out_s, int64_t *out_e)
+{
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < g; j++) {
+        const group *G = &groups[j];
+        for (int64_t k = cuts[j]; k < cuts[j + 1]; k++) {
+            if (G->size == 0) {
+                found[k] = 0;
+                out_s[k] = out_e[k] = 0;
+                continue;
+            }
+            uint64_t key = keys[k];
+            npy_intp lo = 0, hi = G->size; /* the first position whose id is >= key */
+            while (lo < hi) {
+                npy_intp mid = lo + (hi - lo) / 2;
+                if (G->ids[mid] < key)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo == G->size)
+                lo = G->size - 1;
+            found[k] = G->ids[lo] == key;
+            out_s[k] = G->starts[lo];
+            out_e[k] = G->ends[lo];
+        }
+    }
+    Py_END_ALLOW_THREADS
+}
+
+/* The groups of lookup's arguments, checked; NULL with *ok 0 when they are not of its form, NULL
+ * with *ok 1 (and an exception) when memory ran out. */
+static group *groups_of(PyObject *fi, PyObject *fs, PyObject *fe, Py_ssize_t g, int *ok)
+{
+    *ok = 0;
+    group *groups = (group *)PyMem_Malloc((size_t)(g ? g : 1) * sizeof(group));
+    if (groups == NULL) {
+        *ok = 1;
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < g; j++) {
+        PyObject *a = PySequence_Fast_GET_ITEM(fi, j);
+        PyObject *s = PySequence_Fast_GET_ITEM(fs, j), *e = PySequence_Fast_GET_ITEM(fe, j);
+        if (!is_column(a, NPY_UINT64, -1, 0)) {
+            PyMem_Free(groups);
+            return NULL;
+        }
+        npy_intp size = PyArray_DIM((PyArrayObject *)a, 0);
+        if (!is_column(s, NPY_INT64, size, 0) || !is_column(e, NPY_INT64, size, 0)) {
+            PyMem_Free(groups);
+            return NULL;
+        }
+        groups[j].ids = (const uint64_t *)PyArray_DATA((PyArrayObject *)a);
+        groups[j].starts = (const int64_t *)PyArray_DATA((PyArrayObject *)s);
+        groups[j].ends = (const int64_t *)PyArray_DATA((PyArrayObject *)e);
+        groups[j].size = size;
+    }
+    *ok = 1;
+    return groups;
+}
+
+/* Whether the cuts split nk keys into g ordered groups. */
+static int cuts_fit(const int64_t *cuts, Py_ssize_t g, npy_intp nk)
+{
+    if (cuts[0] != 0 || cuts[g] != nk)
+        return 0;
+    for (Py_ssize_t j = 0; j < g; j++)
+        if (cuts[j + 1] < cuts[j])
+            return 0;
+    return 1;
+}
+
+/* lookup, its sequences made fast: Py_True, Py_False (not of the form), or NULL (no memory). */
+static PyObject *lookup_in(PyObject *fi, PyObject *fs, PyObject *fe, PyObject *keys_obj,
+                           PyObject *cuts_obj, PyObject *found_obj, PyObject *os_obj,
+                           PyObject *oe_obj)
+{
+    Py_ssize_t g = PySequence_Fast_GET_SIZE(fi);
+    if (PySequence_Fast_GET_SIZE(fs) != g || PySequence_Fast_GET_SIZE(fe) != g ||
+        !is_column(keys_obj, NPY_UINT64, -1, 0))
+        return Py_False;
+    npy_intp nk = PyArray_DIM((PyArrayObject *)keys_obj, 0);
+    if (!is_column(cuts_obj, NPY_INT64, g + 1, 0) || !is_column(found_obj, NPY_BOOL, nk, 1) ||
+        !is_column(os_obj, NPY_INT64, nk, 1) || !is_column(oe_obj, NPY_INT64, nk, 1) ||
+        !cuts_fit((const int64_t *)PyArray_DATA((PyArrayObject *)cuts_obj), g, nk))
+        return Py_False;
+    int ok;
+    group *groups = groups_of(fi, fs, fe, g, &ok);
+    if (groups == NULL)
+        return ok ? NULL : Py_False;
+    lookup_all(groups, g, (const int64_t *)PyArray_DATA((PyArrayObject *)cuts_obj),
+               (const uint64_t *)PyArray_DATA((PyArrayObject *)keys_obj),
+               (npy_bool *)PyArray_DATA((PyArrayObject *)found_obj),
+               (int64_t *)PyArray_DATA((PyArrayObject *)os_obj),
+               (int64_t *)PyArray_DATA((PyArrayObject *)oe_obj));
+    PyMem_Free(groups);
+    return Py_True;
+}
+
+static PyObject *lookup(PyObject *self, PyObject *args)
+{
+    PyObject *ids_obj, *starts_obj, *ends_obj, *keys_obj, *cuts_obj, *found_obj, *os_obj, *oe_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO:lookup", &ids_obj, &starts_obj, &ends_obj, &keys_obj,
+                          &cuts_obj, &found_obj, &os_obj, &oe_obj))
+        return NULL;
+    PyObject *fi = PySequence_Fast(ids_obj, "lookup: ids must be a sequence");
+    PyObject *fs = fi ? PySequence_Fast(starts_obj, "lookup: starts must be a sequence") : NULL;
+    PyObject *fe = fs ? PySequence_Fast(ends_obj, "lookup: ends must be a sequence") : NULL;
+    PyObject *ret = fe ? lookup_in(fi, fs, fe, keys_obj, cuts_obj, found_obj, os_obj, oe_obj)
+                       : NULL;
+    Py_XDECREF(fi);
+    Py_XDECREF(fs);
+    Py_XDECREF(fe);
+    Py_XINCREF(ret);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"parse", parse, METH_VARARGS,
+     "parse(bufs, index_end) -> (ids, starts, ends, first) or None: a shard's inflated minishard "
+     "indices parsed into shared columns, GIL released; None defers to the numpy parser."},
+    {"parse_into", parse_into, METH_VARARGS,
+     "parse_into(buf, index_end, ids, starts, ends, at) -> int: one inflated minishard index "
+     "parsed into the columns from position at, GIL released; its entries, or -1 to defer to the "
+     "numpy parser (not well formed, or the columns cannot hold it)."},
+    {"lookup", lookup, METH_VARARGS,
+     "lookup(ids, starts, ends, keys, cuts, found, out_starts, out_ends) -> bool: each group's "
+     "keys searched in its index, GIL released; False when the arguments are not as documented."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_minishard",
+    "A shard's minishard indices parsed, and keys looked up in them, in one call each.", -1,
+    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__minishard(void)
+{
+    import_array();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+#ifdef Py_GIL_DISABLED
+    PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
+    return m;
+}

@@ -1,0 +1,371 @@
+"""The minishard index extension (`kvstore/_minishard.c`) against its numpy path.
+
+A shard's minishard indices are parsed by the extension (`parse`, or `parse_into` one index at a
+time as each is inflated) and keys are looked up in them (`lookup`); numpy
+(`format/sharding.parse_minishard_indices`, `shard_files.lookup_many(native=False)`) is the
+path where the extension is not built, and the one that decides and names a damaged index. Here
+the two agree on indices other writers wrote (ngsidekick, TensorStore's sharded kvstore), reads
+through either agree with each other, with the truth and with neuroglancer's reader, damaged
+indices raise the same errors either way, and a fuzz of mutated indices finds no answer of the
+extension that numpy would not give.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pytest
+from annotation_truth import make_truth, reshard, write_ngsidekick
+
+import xarray_precomputed as xp
+from xarray_precomputed.errors import PrecomputedError, ShardFormatError
+from xarray_precomputed.format.sharding import parse_minishard_index, parse_minishard_indices
+from xarray_precomputed.kvstore import _minishard as native
+from xarray_precomputed.kvstore import shard_files
+from xarray_precomputed.kvstore.shard_files import (
+    forget_cached_indices,
+    lookup_many,
+    parse_indices,
+)
+
+TS_SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "murmurhash3_x86_128",
+               "preshift_bits": 1, "shard_bits": 2, "minishard_bits": 5,
+               "data_encoding": "gzip", "minishard_index_encoding": "gzip"}
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    """Points with relationships written by ngsidekick (one shard, gzip indices), and a copy
+    whose by_id and `pre` indices TensorStore rewrote over 4 shards of 32 minishards."""
+    root = tmp_path_factory.mktemp("minishard")
+    truth = make_truth("point", 4000, seed=21, lists=False)
+    write_ngsidekick(truth, root / "sk", target_chunk_limit=300)
+    shutil.copytree(root / "sk", root / "ts")
+    reshard(root / "ts", "by_id", TS_SHARDING)
+    reshard(root / "ts", "pre", TS_SHARDING)
+    return {"sk": root / "sk", "ts": root / "ts"}, truth
+
+
+def _index_files(path):
+    """(shard file, its sharding) of every uint64-keyed index of the set at `path`."""
+    info = json.loads((path / "info").read_text())
+    for entry in [info["by_id"], *info["relationships"]]:
+        for f in sorted((path / entry["key"]).glob("*.shard")):
+            yield f, entry["sharding"]
+
+
+def _minishards(shard, spec):
+    """The inflated minishard indices of one shard file, and the shard index's length."""
+    data = shard.read_bytes()
+    end = 16 << spec["minishard_bits"]
+    entries = np.frombuffer(data[:end], "<u8").reshape(-1, 2).tolist()
+    raw = [data[end + a:end + b] for a, b in entries if b > a]
+    if spec.get("minishard_index_encoding", "raw") == "gzip":
+        raw = [gzip.decompress(b) for b in raw]
+    return raw, end
+
+
+def _columns_equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for field in ("ids", "starts", "ends"):
+            a, b = getattr(g, field), getattr(w, field)
+            assert a.dtype == b.dtype, field
+            np.testing.assert_array_equal(a, b)
+
+
+def _via_parse_into(bufs, index_end):
+    n = sum(len(b) // 24 for b in bufs)
+    ids, starts, ends = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int64)
+    at, out = 0, []
+    for b in bufs:
+        got = native.parse_into(b, index_end, ids, starts, ends, at)
+        if got < 0:
+            return None
+        out.append(shard_files.MinishardIndex(ids[at:at + got], starts[at:at + got], ends[at:at + got]))
+        at += got
+    return out
+
+
+def test_parse_equals_numpy_on_indices_other_writers_wrote(sets):
+    paths, _ = sets
+    seen = 0
+    for name in ("sk", "ts"):
+        for shard, spec in _index_files(paths[name]):
+            bufs, end = _minishards(shard, spec)
+            want = parse_minishard_indices(bufs, end, wheres=["x"] * len(bufs))
+            got = native.parse(bufs, end)
+            assert got is not None
+            at = got[3].tolist()
+            assert at[0] == 0 and at[-1] == len(got[0])
+            _columns_equal([shard_files.MinishardIndex(got[0][a:b], got[1][a:b], got[2][a:b])
+                            for a, b in zip(at[:-1], at[1:])], want)
+            _columns_equal(_via_parse_into(bufs, end), want)
+            _columns_equal(parse_indices(bufs, end, wheres=["x"] * len(bufs)), want)
+            for b in bufs[:3]:
+                one = parse_minishard_index(b, end, file_size=None, where="x")
+                g = native.parse([b], end)
+                _columns_equal([shard_files.MinishardIndex(g[0], g[1], g[2])], [one])
+            seen += len(bufs)
+    assert seen > 100  # TensorStore's 4 x 32 minishards, and ngsidekick's
+
+
+def _queries(path, truth, rng):
+    ann = xp.Annotations.open(str(path))
+    absent = np.array([1 << 50, 3], np.uint64)
+    ids = np.concatenate([rng.choice(truth.ids, 900, replace=False), absent])
+    segs = np.unique([x[0] for x in truth.relationships["pre"]])[::3]
+    return ann.by_id(ids), ann.related("pre", segs), ids, segs
+
+
+@pytest.mark.parametrize("name", ["sk", "ts"])
+def test_reads_agree_with_numpy_path_truth_and_neuroglancer(sets, name, monkeypatch):
+    paths, truth = sets
+    forget_cached_indices()
+    fast = _queries(paths[name], truth, np.random.default_rng(5))
+    monkeypatch.setattr(shard_files, "_native", None)
+    forget_cached_indices()
+    plain = _queries(paths[name], truth, np.random.default_rng(5))
+    assert fast[0].identical(plain[0]) and fast[1].identical(plain[1])
+    by_id, related, ids, segs = fast
+    present = ids[np.isin(ids, truth.ids)]
+    np.testing.assert_array_equal(by_id["annotation"].values, present)
+    rows = [truth.row(int(i)) for i in present]
+    np.testing.assert_array_equal(by_id["point"].values, truth.geometry["point"][rows])
+    wanted = set(segs.tolist())
+    np.testing.assert_array_equal(
+        related["annotation"].values,
+        np.sort([i for i, x in zip(truth.ids.tolist(), truth.relationships["pre"]) if x[0] in wanted]))
+    # neuroglancer's own reader of the same files
+    from neuroglancer.read_precomputed_annotations import AnnotationReader
+
+    ng = AnnotationReader(f"file://{paths[name]}/")
+    for i in present[:60].tolist():
+        a = ng.by_id[i]
+        row = int(np.flatnonzero(by_id["annotation"].values == i)[0])
+        np.testing.assert_array_equal(np.asarray(a.point, np.float32), by_id["point"].values[row])
+    for i in ids[-2:].tolist():  # absent here as there
+        with pytest.raises(KeyError):
+            ng.by_id[i]
+    listed = sorted(int(a.id) for s in segs[:40].tolist() for a in ng.relationships["pre"][s])
+    mine = xp.Annotations.open(str(paths[name])).related("pre", segs[:40])
+    assert listed == mine["annotation"].values.tolist()
+
+
+def _synthetic(rng, n):
+    ids = np.sort(rng.choice(1 << 40, n, replace=False)).astype(np.uint64)
+    sizes = rng.integers(1, 1000, n).astype(np.uint64)
+    gaps = rng.integers(0, 100, n).astype(np.uint64)
+    return np.concatenate([np.diff(ids, prepend=np.uint64(0)), gaps, sizes]).astype("<u8")
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except ShardFormatError as e:
+        return ("error", str(e))
+
+
+def _check_against_numpy(bufs, index_end, names):
+    """The extension's answers for `bufs`, checked against numpy's: equal columns where numpy
+    accepts (or a deferral, only for data past 2**60); a deferral wherever numpy refuses; and
+    the package's path (`parse_indices`) giving exactly numpy's columns or error."""
+    want = _outcome(lambda: parse_minishard_indices(bufs, index_end, wheres=names))
+    got = native.parse(bufs, index_end)
+    into = _via_parse_into(bufs, index_end) if all(len(b) % 24 == 0 for b in bufs) else None
+    if isinstance(want, tuple):
+        assert got is None and into is None, want
+    elif got is None:
+        assert into is None
+        assert max((int(w.ends.max()) for w in want if len(w.ids)), default=0) >= 1 << 60
+    else:
+        at = got[3].tolist()
+        _columns_equal([shard_files.MinishardIndex(got[0][a:b], got[1][a:b], got[2][a:b])
+                        for a, b in zip(at[:-1], at[1:])], want)
+        _columns_equal(into, want)
+    mine = _outcome(lambda: parse_indices(bufs, index_end, wheres=names))
+    if isinstance(want, tuple):
+        assert mine == want
+    else:
+        _columns_equal(mine, want)
+    return isinstance(want, tuple)
+
+
+@pytest.mark.parametrize("change", [
+    (4, 0, 9, 0),                  # a repeated id inside an index
+    (4, 2, 3, 1 << 62),            # a size no file can hold
+    (2, 1, 0, 1 << 62),            # an offset delta no file can hold
+    (6, 0, 1, (1 << 64) - 5),      # ids wrapping past 2**64
+    (4, 1, 1, (1 << 61) - 1),      # data past the end of any shard file
+    (4, 1, 1, (1 << 60) + 7),      # past 2**60: the extension defers, numpy accepts
+])
+def test_damaged_indices_raise_as_numpy(change):
+    rng = np.random.default_rng(4)
+    words = [_synthetic(rng, n) for n in (0, 1, 7, 0, 500, 2, 64)]
+    names = [f"m{i}" for i in range(len(words))]
+    i, row, k, value = change
+    w = [x.copy() for x in words]
+    w[i][row * (len(w[i]) // 3) + k] = value
+    bufs = [x.tobytes() for x in w]
+    refused = _check_against_numpy(bufs, 4096, names)
+    assert refused == (value != (1 << 60) + 7)
+    # truncated: a length that is not whole entries
+    assert native.parse(bufs[:5] + [bufs[5][:-1]], 4096) is None
+    with pytest.raises(ShardFormatError, match="m5: minishard index is 47 bytes"):
+        parse_indices(bufs[:5] + [bufs[5][:-1]], 4096, wheres=names)
+    assert native.parse_into(bufs[5][:-1], 4096, np.empty(9, np.uint64), np.empty(9, np.int64),
+                             np.empty(9, np.int64), 0) == -1
+
+
+def test_parse_into_refuses_columns_that_cannot_hold_the_index():
+    buf = _synthetic(np.random.default_rng(1), 5).tobytes()
+    ids, starts, ends = np.empty(8, np.uint64), np.empty(8, np.int64), np.empty(8, np.int64)
+    assert native.parse_into(buf, 0, ids, starts, ends, 3) == 5
+    assert native.parse_into(buf, 0, ids, starts, ends, 4) == -1     # one entry past the end
+    assert native.parse_into(buf, 0, ids, starts, ends, -1) == -1
+    assert native.parse_into(buf, 0, ids[:7], starts, ends, 0) == -1  # columns of two lengths
+    assert native.parse_into(buf, 0, ids.astype(np.int64), starts, ends, 0) == -1
+    assert native.parse_into(buf, 0, ids, starts[::1].astype(np.int32), ends, 0) == -1
+    assert native.parse_into(buf, -1, ids, starts, ends, 0) == -1
+    ro = ids.copy()
+    ro.flags.writeable = False
+    assert native.parse_into(buf, 0, ro, starts, ends, 0) == -1
+    assert native.parse([], 0)[3].tolist() == [0]
+
+
+def _damage_first_index(shard, spec, how):
+    data = bytearray(shard.read_bytes())
+    end = 16 << spec["minishard_bits"]
+    entries = np.frombuffer(bytes(data[:end]), "<u8").reshape(-1, 2)
+    m = int(np.flatnonzero(entries[:, 1] > entries[:, 0])[0])
+    a, b = end + int(entries[m, 0]), end + int(entries[m, 1])
+    if how == "deflate":
+        data[a + 12:b - 8] = b"\xff" * (b - a - 20)
+    elif how == "truncated_file":
+        data = data[:b - 5]
+    else:
+        words = np.frombuffer(gzip.decompress(bytes(data[a:b])), "<u8").copy()
+        n = len(words) // 3
+        if how == "repeat":
+            words[min(1, n - 1)] = 0
+        elif how == "size":
+            words[2 * n] = 1 << 62
+        else:  # "odd": the inflated index is not whole entries
+            words = words[:-1]
+        packed = gzip.compress(words.tobytes())  # at the end of the file, the entry pointing there
+        entries = entries.copy()
+        entries[m] = [len(data) - end, len(data) - end + len(packed)]
+        data[:end] = entries.tobytes()
+        data += packed
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["deflate", "truncated_file", "repeat", "size", "odd"])
+def test_damaged_shard_raises_the_same_error_with_and_without_the_extension(sets, tmp_path, how,
+                                                                           monkeypatch):
+    paths, truth = sets
+    path = tmp_path / "set"
+    shutil.copytree(paths["ts"], path)
+    shard, spec = next(_index_files(path))
+    _damage_first_index(shard, spec, how)
+    errors = []
+    for use in (True, False):
+        monkeypatch.setattr(shard_files, "_native", native if use else None)
+        forget_cached_indices()
+        with pytest.raises(PrecomputedError) as caught:
+            xp.Annotations.open(str(path)).by_id(truth.ids)
+        errors.append((type(caught.value), str(caught.value)))
+    assert errors[0] == errors[1]
+    assert shard.name in errors[0][1] and "minishard" in errors[0][1]
+
+
+def test_lookup_equals_numpy_and_falls_back_on_other_arrays():
+    rng = np.random.default_rng(8)
+    words = [_synthetic(rng, n) for n in (0, 3, 50, 1, 400, 0, 9)]
+    indices = dict(enumerate(parse_minishard_indices([w.tobytes() for w in words], 512,
+                                                     wheres=["x"] * len(words))))
+    known = np.concatenate([ix.ids for ix in indices.values()])
+    keys = np.concatenate([rng.choice(known, 300), rng.integers(0, 1 << 41, 300).astype(np.uint64),
+                           np.array([0, (1 << 64) - 1], np.uint64)])
+    minis = rng.integers(0, len(words), len(keys))
+    for i in range(len(keys) // 2):  # most known keys asked in their own minishard
+        hit = [m for m, ix in indices.items() if keys[i] in ix.ids]
+        minis[i] = hit[0] if hit else minis[i]
+    want = lookup_many(indices, keys, minis, native=False)
+    got = lookup_many(indices, keys, minis)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert want[0].sum() >= 150
+    # arguments of another form: the extension declines and numpy answers
+    n = len(keys)
+    cols = (np.empty(n, bool), np.empty(n, np.int64), np.empty(n, np.int64))
+    groups = [indices[0], indices[2]]
+    args = ([g.ids for g in groups], [g.starts for g in groups], [g.ends for g in groups])
+    cuts = np.array([0, 10, n], np.int64)
+    assert native.lookup(*args, keys, cuts, *cols) is True
+    assert native.lookup(*args, keys.astype(np.int64), cuts, *cols) is False
+    assert native.lookup(*args, keys, np.array([0, 10, n - 1], np.int64), *cols) is False
+    assert native.lookup(*args, keys, np.array([0, n + 1, n], np.int64), *cols) is False
+    assert native.lookup(args[0], args[1][:1], args[2], keys, cuts, *cols) is False
+    strided = [np.repeat(g.ids, 2)[::2] for g in groups]
+    assert native.lookup(strided, args[1], args[2], keys, cuts, *cols) is False
+    assert native.lookup(*args, keys, cuts, cols[0][:-1], cols[1], cols[2]) is False
+    keyed = {m: shard_files.MinishardIndex(np.repeat(ix.ids, 2)[::2], ix.starts, ix.ends)
+             for m, ix in indices.items()}
+    for a, b in zip(lookup_many(keyed, keys, minis), want):
+        np.testing.assert_array_equal(a, b)
+
+
+INTERESTING = [0, 1, 2, 23, 24, 25, (1 << 32) - 1, 1 << 32, (1 << 60) - 1, 1 << 60, (1 << 61) - 1,
+               1 << 61, (1 << 62) - 1, 1 << 62, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+
+
+def test_fuzz_parse_and_lookup_against_numpy(sets):
+    """Mutated indices (ngsidekick's and synthetic ones): bytes flipped, words set to boundary
+    values, ends cut or grown, indices dropped or repeated; the extension must agree with numpy
+    on each (`_check_against_numpy`), and lookups in what parses must too."""
+    paths, _ = sets
+    rng = np.random.default_rng(2024)
+    shard, spec = next(_index_files(paths["sk"]))
+    real, _ = _minishards(shard, spec)
+    pool = [np.frombuffer(b, "<u8").copy() for b in real[:8]] + \
+        [_synthetic(rng, int(n)) for n in rng.integers(0, 60, 8)]
+    refused = accepted = 0
+    for case in range(1500):
+        k = int(rng.integers(1, 6))
+        words = [pool[int(j)].copy() for j in rng.integers(0, len(pool), k)]
+        bufs = []
+        for w in words:
+            raw = bytearray(w.tobytes())
+            whole = rng.random() < 0.5  # cut or grown by whole entries
+            for _ in range(int(rng.integers(0, 3))):
+                op = int(rng.integers(0, 4))
+                if op == 0 and raw:
+                    raw[int(rng.integers(0, len(raw)))] ^= 1 << int(rng.integers(0, 8))
+                elif op == 1 and len(raw) >= 8:
+                    at = 8 * int(rng.integers(0, len(raw) // 8))
+                    raw[at:at + 8] = int(INTERESTING[int(rng.integers(0, len(INTERESTING)))]
+                                         ).to_bytes(8, "little")
+                elif op == 2:
+                    cut = int(rng.integers(0, len(raw) + 1))
+                    raw = raw[:cut - cut % 24 if whole else cut]
+                else:
+                    grow = int(rng.integers(1, 4)) * 24 if whole else int(rng.integers(1, 30))
+                    raw += bytes(rng.integers(0, 256, grow, dtype=np.uint8))
+            bufs.append(bytes(raw))
+        end = int([0, 16, 4096, (1 << 60) - 8][int(rng.integers(0, 4))])
+        names = [f"c{case}m{i}" for i in range(len(bufs))]
+        if _check_against_numpy(bufs, end, names):
+            refused += 1
+            continue
+        accepted += 1
+        parsed = dict(enumerate(parse_minishard_indices(bufs, end, wheres=names)))
+        known = np.concatenate([p.ids for p in parsed.values()] + [np.zeros(1, np.uint64)])
+        keys = np.concatenate([rng.choice(known, 80), rng.integers(0, 1 << 62, 20).astype(np.uint64)])
+        minis = rng.integers(0, len(bufs), len(keys))
+        for a, b in zip(lookup_many(parsed, keys, minis), lookup_many(parsed, keys, minis, native=False)):
+            np.testing.assert_array_equal(a, b)
+    assert refused > 200 and accepted > 200, (refused, accepted)
