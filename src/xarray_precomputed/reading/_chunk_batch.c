@@ -90,6 +90,10 @@ typedef struct {
     int oom;                /* an allocation failed */
     int streamed;
     mapping *map;           /* ids mapped through this (compressed_segmentation), or NULL */
+#ifdef XP_HAVE_ZLIB
+    z_stream zs;            /* one inflate stream for the batch's values: reset, not remade */
+    int zs_ready;
+#endif
 } batch;
 
 /* Room for `need` bytes in B->scratch, keeping its first `keep` bytes: at least twice the room
@@ -140,37 +144,43 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
         snprintf(msg, MSG, "chunk data: out of memory inflating gzip data");
         return -1;
     }
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (inflateInit2(&zs, 15 + 32) != Z_OK) {
-        snprintf(msg, MSG, "chunk data: zlib could not start");
+    /* a batch of many small values (annotation records) spent a fifth of inflating them in
+     * making and ending a stream per value */
+    if (!B->zs_ready) {
+        memset(&B->zs, 0, sizeof B->zs);
+        if (inflateInit2(&B->zs, 15 + 32) != Z_OK) {
+            snprintf(msg, MSG, "chunk data: zlib could not start");
+            return -1;
+        }
+        B->zs_ready = 1;
+    } else if (inflateReset(&B->zs) != Z_OK) {
+        snprintf(msg, MSG, "chunk data: zlib could not restart");
         return -1;
     }
+    z_stream *zsp = &B->zs;
     uint64_t done = 0, in_done = 0;
     int rc = Z_OK;
     for (;;) {
         uint64_t room = B->cap - done;
         uint64_t in_left = len - in_done;
-        zs.next_in = (unsigned char *)data + in_done;
-        zs.avail_in = in_left > 0x40000000u ? 0x40000000u : (uInt)in_left;
-        zs.next_out = B->scratch + done;
-        zs.avail_out = room > 0x40000000u ? 0x40000000u : (uInt)room;
-        uInt in0 = zs.avail_in, out0 = zs.avail_out;
-        rc = inflate(&zs, Z_NO_FLUSH);
-        in_done += in0 - zs.avail_in;
-        done += out0 - zs.avail_out;
+        zsp->next_in = (unsigned char *)data + in_done;
+        zsp->avail_in = in_left > 0x40000000u ? 0x40000000u : (uInt)in_left;
+        zsp->next_out = B->scratch + done;
+        zsp->avail_out = room > 0x40000000u ? 0x40000000u : (uInt)room;
+        uInt in0 = zsp->avail_in, out0 = zsp->avail_out;
+        rc = inflate(zsp, Z_NO_FLUSH);
+        in_done += in0 - zsp->avail_in;
+        done += out0 - zsp->avail_out;
         if (rc == Z_STREAM_END)
             break;
         if (rc != Z_OK && rc != Z_BUF_ERROR) {
             snprintf(msg, MSG, "chunk data: gzip data is corrupt (%s)",
-                     zs.msg ? zs.msg : "invalid stream");
-            inflateEnd(&zs);
+                     zsp->msg ? zsp->msg : "invalid stream");
             return -1;
         }
         if (done > B->max_bytes) {
             snprintf(msg, MSG, "chunk data: gzip data decompresses past the %llu-byte bound",
                      (unsigned long long)B->max_bytes);
-            inflateEnd(&zs);
             return -1;
         }
         if (done == B->cap) {
@@ -178,20 +188,17 @@ static int inflate_chunk(batch *B, const unsigned char *data, uint64_t len, uint
              * there, up to one byte past the bound */
             if (grow(B, B->cap + 1, (size_t)done, bound) < 0) {
                 snprintf(msg, MSG, "chunk data: out of memory inflating gzip data");
-                inflateEnd(&zs);
                 return -1;
             }
             continue;
         }
-        if (zs.avail_out == 0)
+        if (zsp->avail_out == 0)
             continue; /* this call's share of the room is used: more room is there */
         if (in_done >= len) {
             snprintf(msg, MSG, "chunk data: gzip stream is truncated");
-            inflateEnd(&zs);
             return -1;
         }
     }
-    inflateEnd(&zs);
     if (done > B->max_bytes) {
         snprintf(msg, MSG, "chunk data: gzip data decompresses past the %llu-byte bound",
                  (unsigned long long)B->max_bytes);
@@ -490,8 +497,20 @@ static PyObject *data_error(npy_intp index, const char *msg)
     return NULL;
 }
 
+static void end_zlib(batch *B)
+{
+#ifdef XP_HAVE_ZLIB
+    if (B->zs_ready)
+        inflateEnd(&B->zs);
+    B->zs_ready = 0;
+#else
+    (void)B;
+#endif
+}
+
 static void finish(batch *B)
 {
+    end_zlib(B);
 #if LAYOUT_SSE2
     if (B->streamed || B->stream)
         _mm_sfence(); /* streamed lines are visible before whoever joins this thread reads them */
@@ -589,6 +608,7 @@ done:
     for (Py_ssize_t k = 0; k < held; k++)
         PyBuffer_Release(&views[k]);
     PyMem_Free(views);
+    end_zlib(&B);
     if (B.owned)
         free(B.scratch);
     drop_mapping(&B, keys, vals);
@@ -695,6 +715,7 @@ done:
     if (files != NULL)
         api->close(files);
     Py_XDECREF(geom);
+    end_zlib(&B);
     if (B.owned)
         free(B.scratch);
     drop_mapping(&B, keys, vals);
