@@ -26,6 +26,7 @@ import xarray as xr
 import xarray_precomputed as xp
 from xarray_precomputed.errors import WriterArgumentError
 from xarray_precomputed.format.info import ShardingSpec
+from xarray_precomputed.format.sharding import chunk_location
 from xarray_precomputed.writing import annotation_shards
 from xarray_precomputed.writing import annotations as writer_module
 from xarray_precomputed.writing.shard_file import build_shard
@@ -494,6 +495,17 @@ def test_sharding_choice_scales_with_the_set():
     assert per_minishard <= annotation_shards.MINISHARD_TARGET_KEYS
     spec = annotation_shards.choose_annotation_sharding(10**6, 10**8, max_key=7)
     assert spec["preshift_bits"] == 0  # a keyspace of 3 bits is not shifted away
+    # dense ids 1..n: every minishard gets keys, about the target each
+    for n in (10**5, 10**6, 10**7):
+        spec = annotation_shards.choose_annotation_sharding(n, n * 40, max_key=n)
+        minishards = 2 ** (spec["shard_bits"] + spec["minishard_bits"])
+        inputs = n >> spec["preshift_bits"]
+        assert inputs >= 2 * minishards, spec
+        keys = np.arange(1, n + 1, dtype=np.uint64)
+        shard, mini = chunk_location(keys, ShardingSpec.from_json(spec))
+        sizes = np.bincount((shard.astype(np.int64) << spec["minishard_bits"]) + mini.astype(np.int64))
+        # what a lookup of a random key inflates: its minishard's keys, on average
+        assert (sizes.astype(float) ** 2).sum() / n <= 2.5 * annotation_shards.MINISHARD_TARGET_KEYS
 
 
 def test_sharding_overrides(tmp_path):

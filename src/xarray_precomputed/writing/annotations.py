@@ -154,12 +154,13 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
     layout = RecordLayout(table.annotation_type, table.rank,
                           [(p.id, p.type) for p in table.properties], table.relationships)
 
-    lower, upper = _bounds(table, rows_per_batch, lower_bound, upper_bound)
+    lower, upper, max_id = _bounds(table, rows_per_batch, lower_bound, upper_bound)
     grids = level_grids(lower, upper, [d[1] for d in table.dimensions], max_levels=max_levels)
     levels, level_stats = _assign_levels(table, grids, limit, rows_per_batch)
     grids = grids[:len(level_stats)]
 
     estimate = _estimate(table, layout)
+    estimate["max_id"] = max_id
     indexes = _plan_indexes(table, layout, grids, level_stats, estimate, sharding)
     info_json = {
         "@type": ANNOTATION_INFO_TYPE,
@@ -214,7 +215,10 @@ def to_annotations(obj, url, *, annotation_type: str | None = None, dimensions=N
 def _bounds(table: AnnotationTable, rows: int, lower_bound, upper_bound):
     lo = np.full(table.rank, np.inf)
     hi = np.full(table.rank, -np.inf)
+    max_id = 0
     for _, cols in table.batches(rows, geometry_only=True):
+        if len(cols.ids):
+            max_id = max(max_id, int(cols.ids.max()))
         b = bounds_of(cols, table.annotation_type)
         if b is not None:
             lo, hi = np.minimum(lo, b[0]), np.maximum(hi, b[1])
@@ -236,7 +240,7 @@ def _bounds(table: AnnotationTable, rows: int, lower_bound, upper_bound):
             hi = g
     if np.any(hi < lo):
         raise WriterArgumentError(f"upper_bound {hi.tolist()} lies below lower_bound {lo.tolist()}")
-    return lo, hi
+    return lo, hi, max_id
 
 
 def _assign_levels(table: AnnotationTable, grids: list[Grid], limit: int, rows: int
@@ -285,7 +289,8 @@ def _assign_levels(table: AnnotationTable, grids: list[Grid], limit: int, rows: 
 
 def _estimate(table: AnnotationTable, layout: RecordLayout) -> dict:
     """Per-annotation sizes from the first rows (as many whatever the batch size, so the choice
-    of shards does not depend on it), to size the shards before writing."""
+    of shards does not depend on it), to size the shards before writing; per relationship, the
+    largest segment id among them (its index's keyspace, for the preshift)."""
     for _, cols in table.batches(1 << 16):
         n = max(len(cols), 1)
         single, off = layout.encode_single(cols)
@@ -293,7 +298,8 @@ def _estimate(table: AnnotationTable, layout: RecordLayout) -> dict:
         rels = {}
         for r, (_, values) in cols.relationships.items():
             distinct = len(np.unique(values))
-            rels[r] = (len(values) / n, distinct / max(len(values), 1))
+            rels[r] = (len(values) / n, distinct / max(len(values), 1),
+                       int(values.max()) if len(values) else 0)
         return {"single": len(single) / n, "record": len(rec) / n, "rels": rels}
     return {"single": 0.0, "record": 0.0, "rels": {}}
 
@@ -337,12 +343,14 @@ def _plan_indexes(table: AnnotationTable, layout: RecordLayout, grids: list[Grid
             buckets = int(min(max(1, count // _KEYS_PER_TASK), _MAX_BUCKETS))
         return _Index(name.lstrip("\0"), key, spec, buckets, multiple, grid)
 
-    out.append(make("by_id", "by_id", n, int(n * (estimate["single"] + 24)), 1 << 63, False))
+    out.append(make("by_id", "by_id", n, int(n * (estimate["single"] + 24)),
+                    estimate.get("max_id", 1 << 63), False))
     for r in table.relationships:
-        per, distinct = estimate["rels"].get(r, (0.0, 1.0))
+        per, distinct, top = estimate["rels"].get(r, (0.0, 1.0, 1 << 63))
         entries = n * per
         keys = int(entries * distinct)
-        out.append(make(r, f"rel_{r}", keys, int(entries * (rec + 8) + keys * 32), 1 << 63, True))
+        # the sample's largest segment id stands for the keyspace: a larger one only shifts less
+        out.append(make(r, f"rel_{r}", keys, int(entries * (rec + 8) + keys * 32), top, True))
     for k, (g, st) in enumerate(zip(grids, level_stats)):
         bits = sum(g.bits)
         out.append(make(f"\0spatial{k}", f"spatial{k}", st["cells"],
