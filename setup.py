@@ -143,7 +143,8 @@ EXTENSIONS = [
         "-ffp-contract=off"),
     ext("xarray_precomputed.dvid._block", "src/xarray_precomputed/dvid/_block.c"),
     ext("xarray_precomputed.storage._fileread", "src/xarray_precomputed/storage/_fileread.c"),
-    ext("xarray_precomputed.kvstore._minishard", "src/xarray_precomputed/kvstore/_minishard.c"),
+    ext("xarray_precomputed.kvstore._minishard", "src/xarray_precomputed/kvstore/_minishard.c",
+        uses_zlib=True),
     ext("xarray_precomputed.reading._chunk_batch", "src/xarray_precomputed/reading/_chunk_batch.c",
         "-Wno-unused-function", include_dirs=["src/xarray_precomputed/codecs"], uses_zlib=True),
 ]

@@ -121,8 +121,10 @@ def _queries(path, truth, rng):
     return ann.by_id(ids), ann.related("pre", segs), ids, segs
 
 
+@pytest.mark.parametrize("small", [0, shard_files.SMALL_INDEX_BYTES], ids=["per-index", "batched"])
 @pytest.mark.parametrize("name", ["sk", "ts"])
-def test_reads_agree_with_numpy_path_truth_and_neuroglancer(sets, name, monkeypatch):
+def test_reads_agree_with_numpy_path_truth_and_neuroglancer(sets, name, monkeypatch, small):
+    monkeypatch.setattr(shard_files, "SMALL_INDEX_BYTES", small)
     paths, truth = sets
     forget_cached_indices()
     fast = _queries(paths[name], truth, np.random.default_rng(5))
@@ -263,9 +265,79 @@ def _damage_first_index(shard, spec, how):
     shard.write_bytes(bytes(data))
 
 
+def _gzip_members(shard, spec):
+    """The gzip minishard indices of one shard file as stored, and the shard index's length."""
+    data = shard.read_bytes()
+    end = 16 << spec["minishard_bits"]
+    entries = np.frombuffer(data[:end], "<u8").reshape(-1, 2).tolist()
+    return [data[end + a:end + b] for a, b in entries if b > a], end
+
+
+def _batched(members, end, counts=None, room=0):
+    counts = [int.from_bytes(m[-4:], "little") // 24 for m in members] if counts is None else counts
+    n = sum(counts) + room
+    cols = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int64)
+    got = native.inflate_parse_into(members, np.array(counts, np.int64), end, *cols)
+    firsts = np.cumsum([0, *counts]).tolist()
+    return got, [shard_files.MinishardIndex(cols[0][a:b], cols[1][a:b], cols[2][a:b])
+                 for a, b in zip(firsts[:-1], firsts[1:])]
+
+
+def test_inflate_parse_into_equals_the_per_index_parse(sets):
+    paths, _ = sets
+    seen = 0
+    for name in ("sk", "ts"):
+        for shard, spec in _index_files(paths[name]):
+            members, end = _gzip_members(shard, spec)
+            got, cols = _batched(members, end)
+            assert got == len(members)
+            want = parse_minishard_indices([gzip.decompress(m) for m in members], end,
+                                           wheres=["x"] * len(members))
+            _columns_equal(cols, want)
+            seen += len(members)
+    assert seen > 100
+
+
+def test_inflate_parse_into_defers_on_anything_not_plainly_well_formed(sets):
+    paths, _ = sets
+    shard, spec = next(_index_files(paths["ts"]))
+    members, end = _gzip_members(shard, spec)
+    assert _batched(members, end)[0] == len(members)
+    first = bytearray(members[0])
+    words = np.frombuffer(gzip.decompress(members[0]), "<u8").copy()
+    n = len(words) // 3
+    damaged = {
+        "deflate": bytes(first[:12]) + b"\xff" * (len(first) - 20) + bytes(first[-8:]),
+        "crc": bytes(first[:-8]) + bytes([first[-8] ^ 1]) + bytes(first[-7:]),
+        "truncated": bytes(first[:-5]),
+        "trailing bytes": bytes(first) + b"\0\0\0",
+        "zlib, not gzip": __import__("zlib").compress(gzip.decompress(members[0])),
+        "repeated id": gzip.compress(np.concatenate([words[:1], [0], words[2:]]).astype("<u8").tobytes())
+        if n > 1 else gzip.compress(np.array([0, 0, 0, 0, 0, 0], "<u8").tobytes()),
+        "size of 2^62": gzip.compress(np.concatenate([words[:2 * n], [1 << 62], words[2 * n + 1:]])
+                                      .astype("<u8").tobytes()),
+    }
+    for name, bad in damaged.items():
+        got, _ = _batched([bad, *members[1:]], end,
+                          counts=[n, *[int.from_bytes(m[-4:], "little") // 24 for m in members[1:]]])
+        assert got == -1, name
+    counts = [int.from_bytes(m[-4:], "little") // 24 for m in members]
+    assert _batched(members, end, counts=[counts[0] + 1, *counts[1:]])[0] == -1  # size stated wrong
+    assert _batched(members, end, counts=[counts[0] - 1, *counts[1:]])[0] == -1
+    ids = np.empty(sum(counts) - 1, np.uint64)  # columns that cannot hold them
+    assert native.inflate_parse_into(members, np.array(counts, np.int64), end, ids,
+                                     np.empty(len(ids), np.int64), np.empty(len(ids), np.int64)) == -1
+    ids = np.empty(sum(counts), np.int64)  # of the wrong type
+    assert native.inflate_parse_into(members, np.array(counts, np.int64), end, ids, ids, ids) == -1
+    assert native.inflate_parse_into([], np.zeros(0, np.int64), end, *(np.empty(0, t) for t in
+                                     (np.uint64, np.int64, np.int64))) == 0
+
+
+@pytest.mark.parametrize("small", [0, shard_files.SMALL_INDEX_BYTES], ids=["per-index", "batched"])
 @pytest.mark.parametrize("how", ["deflate", "truncated_file", "repeat", "size", "odd"])
 def test_damaged_shard_raises_the_same_error_with_and_without_the_extension(sets, tmp_path, how,
-                                                                           monkeypatch):
+                                                                           monkeypatch, small):
+    monkeypatch.setattr(shard_files, "SMALL_INDEX_BYTES", small)
     paths, truth = sets
     path = tmp_path / "set"
     shutil.copytree(paths["ts"], path)
@@ -369,3 +441,40 @@ def test_fuzz_parse_and_lookup_against_numpy(sets):
         for a, b in zip(lookup_many(parsed, keys, minis), lookup_many(parsed, keys, minis, native=False)):
             np.testing.assert_array_equal(a, b)
     assert refused > 200 and accepted > 200, (refused, accepted)
+
+
+def test_fuzz_inflate_parse_into_against_the_per_index_parse(sets):
+    """Mutated gzip members (bytes flipped in the stream or trailer, cut, grown, the stated
+    counts off by one): the batched call either defers (-1) or gives exactly what inflating each
+    with gzip and parsing it with numpy gives."""
+    paths, _ = sets
+    rng = np.random.default_rng(77)
+    shard, spec = next(_index_files(paths["sk"]))
+    members, end = _gzip_members(shard, spec)
+    pool = members[:8] + [gzip.compress(_synthetic(rng, int(n)).tobytes()) for n in rng.integers(1, 60, 8)]
+    deferred = agreed = 0
+    for _ in range(800):
+        chosen = [bytearray(pool[int(j)]) for j in rng.integers(0, len(pool), int(rng.integers(1, 5)))]
+        counts = [int.from_bytes(m[-4:], "little") // 24 for m in chosen]
+        for m in chosen:
+            for _ in range(int(rng.integers(1, 3)) if rng.random() < 0.3 else 0):
+                op = int(rng.integers(0, 3))
+                if op == 0:
+                    m[int(rng.integers(0, len(m)))] ^= 1 << int(rng.integers(0, 8))
+                elif op == 1:
+                    del m[int(rng.integers(10, len(m))):]
+                else:
+                    m += bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
+        if rng.random() < 0.1:
+            counts[0] += int(rng.choice([-1, 1]))
+            counts[0] = max(counts[0], 0)
+        got, cols = _batched([bytes(m) for m in chosen], end, counts=counts)
+        if got == -1:
+            deferred += 1
+            continue
+        assert got == len(chosen)
+        inflated = [gzip.decompress(bytes(m)) for m in chosen]  # what zlib took, gzip takes
+        assert [len(b) // 24 for b in inflated] == counts
+        _columns_equal(cols, parse_minishard_indices(inflated, end, wheres=["f"] * len(inflated)))
+        agreed += 1
+    assert deferred > 100 and agreed > 100, (deferred, agreed)
