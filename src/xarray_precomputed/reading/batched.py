@@ -83,9 +83,10 @@ BATCHES_PER_CORE = 4
 # hand-off and its Python (a dask block of 8 seg chunks split in 8 held the GIL ~170 us a chunk).
 MIN_BATCH_CHUNKS = 4
 # A byte span read is counted as copying this many bytes (a `pread` call): a raw chunk a box needs
-# part of is read as spans where bytes + spans * SPAN_COST_BYTES is the least. Random 64^3 crops
-# of 128x128x32 uint8 chunk files (crops/s, 2 cores, shared): 4 KiB 1610-1700, 16 KiB 1530-1560,
-# whole files 1200-1565 (a lone call measures ~0.65 us a span; whole files also evict the cache).
+# part of is read as spans where bytes + spans * SPAN_COST_BYTES is the least. Random crops of
+# 128x128x32 uint8 chunk files, CPU us a crop (2 cores, shared): 32^3 1 KiB 142-146, 4 KiB 138-147,
+# 16 KiB 203-206, 64 KiB 205-238, whole files 211-222; 64^3 1 KiB 404-416, 4 KiB 429-441, 16 KiB
+# 530-543, 64 KiB 552-559 (a lone call measures ~0.65 us a span; whole files also evict the cache).
 SPAN_COST_BYTES = 4 << 10
 # Local chunk files are read and decoded in runs of about this many bytes, so that what a run read
 # is still in cache when decoded (em's 256 chunks into a C-ordered result, the C calls alone:
