@@ -28,6 +28,8 @@ read_files = _reader.read_files
 # (`LocalStore.files`); None with the Python fallbacks.
 FILE_READER = getattr(_reader, "FILE_READER", None)
 _NO_SPANS = np.zeros((0, 2), np.int64)
+# Batches of at most this many files have their result codes checked with Python ints.
+_FEW = 64
 
 # Ranges closer than this are fetched as one read and split afterwards.
 LOCAL_COALESCE_GAP = 1 << 16
@@ -68,6 +70,7 @@ class LocalStore(Store):
     def __init__(self, root: str):
         self.root = root
         self.url = root
+        self._root = os.path.join(root, "")  # what a key is appended to
         # folder -> suffix of its files ("" for plain), learned from the first file found there.
         self._forms: dict[str, str] = {}
 
@@ -221,33 +224,46 @@ class LocalStore(Store):
         # A folder of plain files (or one not yet seen): every file opened, sized and read (whole
         # or by spans, `pread`) in one call that releases the GIL once for the batch.
         n = len(keys)
+        forms = self._forms
         folders = {k.rpartition("/")[0] for k in keys}
-        if n == 0 or any(self._forms.get(f) for f in folders):
+        if n == 0 or any(forms.get(f) for f in folders):
             return super().read_batch(keys, limit=limit)
         first, sp = spans if spans is not None else (np.zeros(n + 1, np.int64), _NO_SPANS)
         bound = limit if limit is not None else (1 << 62)
-        sources: list = []
-        rows = np.empty((n, 4), np.int64)
-        root = os.path.join(self.root, "")
-        paths = [root + k for k in keys]
-        k = 0  # files before k are done; each round reads until the buffer is full
+        paths = [self._root + k for k in keys]
         buf = buffer if buffer is not None else _aligned_buffer(1 << 16)
         got = np.empty((n, 3), np.int64)
-        every = False  # every value read into the first buffer
+        try:
+            read_files(paths, buf, first, sp, None if dests is None else list(dests), bound, got)
+        except OSError as e:
+            raise self.failure(e) from e
+        rows = np.empty((n, 4), np.int64)
+        rows[:, 1:] = got
+        where = got[:, 0]
+        if (min(where.tolist()) if n <= _FEW else where.min()) >= 0:
+            # every value read into the buffer (a crop's few files: Python ints cost less)
+            rows[:, 0] = 0
+            self.count("read", n)
+            for f in folders:  # (a batch is one folder's keys)
+                if forms.get(f) is None:
+                    self._learn(f, "")
+            return Located([buf], rows)
+        sources: list = []
+        k = 0  # files before k are done; each round reads until the buffer is full
+        first_round = True
         while True:
-            try:
-                read_files(paths[k:] if k else paths, buf, first[k:] - first[k] if k else first,
-                           sp[first[k]:] if k else sp,
-                           None if dests is None else list(dests[k:]), bound, got[k:])
-            except OSError as e:
-                raise self.failure(e) from e
-            where = got[k:, 0]
-            rows[k:, 1:] = got[k:]
-            if where.min() >= 0:  # all read into buf
-                rows[k:, 0] = len(sources)
-                sources.append(buf)
-                every = k == 0
-                break
+            if not first_round:
+                try:
+                    read_files(paths[k:], buf, first[k:] - first[k], sp[first[k]:],
+                               None if dests is None else list(dests[k:]), bound, got[k:])
+                except OSError as e:
+                    raise self.failure(e) from e
+                where = got[k:, 0]
+                rows[k:, 1:] = got[k:]
+                if where.min() >= 0:  # all read into buf
+                    rows[k:, 0] = len(sources)
+                    sources.append(buf)
+                    break
             here = where >= 0
             rows[k:, 0] = np.where(here, len(sources), where)
             rows[k:, 1][~here] = 0
@@ -260,13 +276,14 @@ class LocalStore(Store):
             # the rest into a buffer of this store's, one that holds at least the next file
             buf = _aligned_buffer(max(len(memoryview(buf).cast("B")), int(got[k + later, 2])))
             k += later
+            first_round = False
         self.count("read", n)
         codes = rows[:, 0]
         for f in folders:  # (a batch is one folder's keys)
-            if self._forms.get(f) is None and (every or ((codes >= 0) | (codes == PLACED) |
-                                                         (codes == TOO_LARGE)).any()):
+            if self._forms.get(f) is None and ((codes >= 0) | (codes == PLACED) |
+                                               (codes == TOO_LARGE)).any():
                 self._learn(f, "")
-        if every or codes.min() >= 0:
+        if codes.min() >= 0:
             return Located(sources, rows)  # every value read into a buffer
         for i in np.flatnonzero(codes == fileread_fallback.RF_ODD).tolist():
             raise CorruptChunkError("the chunk's file is not a regular file",
