@@ -20,6 +20,8 @@ from ..storage.base import ABSENT, Located, located
 from .base import KeyValue
 from .shard_files import ShardReader, lookup_many, positions_by_value
 
+# A shard's keys up to this many are looked up minishard by minishard (a crop's few chunks).
+LOOKUP_ONE_BY_ONE = 8
 
 class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
@@ -139,7 +141,10 @@ class ShardedKeyValue(KeyValue):
         rows[:, 0] = ABSENT
         if indices is None:
             return [], rows
-        if n > 64:  # keys sorted by minishard once, not a pass over all keys per minishard
+        if n > LOOKUP_ONE_BY_ONE:
+            # keys sorted by minishard once and searched in one call of the extension, not a pass
+            # over all keys and a searchsorted per minishard (a relationship read of 1,000
+            # segments: ~31 keys a shard, each in its own minishard)
             found, starts, ends = lookup_many(indices, keys, minis)
         else:
             for m in np.unique(minis).tolist():
