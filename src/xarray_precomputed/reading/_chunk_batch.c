@@ -508,17 +508,23 @@ static void end_zlib(batch *B)
 #endif
 }
 
-static void finish(batch *B)
+/* What a batch holds (its zlib stream, a scratch it grew): released once, on every way out. */
+static void release(batch *B)
 {
     end_zlib(B);
-#if LAYOUT_SSE2
-    if (B->streamed || B->stream)
-        _mm_sfence(); /* streamed lines are visible before whoever joins this thread reads them */
-#endif
     if (B->owned)
         free(B->scratch);
     B->scratch = NULL;
     B->owned = 0;
+}
+
+static void finish(batch *B)
+{
+#if LAYOUT_SSE2
+    if (B->streamed || B->stream)
+        _mm_sfence(); /* streamed lines are visible before whoever joins this thread reads them */
+#endif
+    release(B);
 }
 
 /* ------------------------------------------------------------------ decode_chunks */
@@ -608,9 +614,7 @@ done:
     for (Py_ssize_t k = 0; k < held; k++)
         PyBuffer_Release(&views[k]);
     PyMem_Free(views);
-    end_zlib(&B);
-    if (B.owned)
-        free(B.scratch);
+    release(&B);
     drop_mapping(&B, keys, vals);
     PyBuffer_Release(&scratch);
     Py_XDECREF(src);
@@ -715,9 +719,7 @@ done:
     if (files != NULL)
         api->close(files);
     Py_XDECREF(geom);
-    end_zlib(&B);
-    if (B.owned)
-        free(B.scratch);
+    release(&B);
     drop_mapping(&B, keys, vals);
     PyBuffer_Release(&buffer);
     PyBuffer_Release(&result);

@@ -356,21 +356,10 @@ class _Read:
             sx, sy, sz = g[h:h + 3]
             if g[x:x + 3] == [sx, sy, sz]:
                 continue  # needed whole
-            oy, oz = g[o:o + 2]
-            ey, ez = g[e:e + 2]
-            plane = sx * sy * es
-            whole = sx * sy * sz * nc * es
-            by_planes = nc * ez * plane + nc * SPAN_COST_BYTES
-            by_rows = nc * ez * (ey * sx * es + SPAN_COST_BYTES)
-            if min(by_planes, by_rows) >= whole + SPAN_COST_BYTES:
-                continue
-            if by_planes <= by_rows:
-                runs += [((c * sz + oz) * plane, 0, 1, ez * plane) for c in range(nc)]
-                counts[j] = nc
-            else:
-                runs += [((c * sz + oz) * plane + oy * sx * es, plane, ez, ey * sx * es)
-                         for c in range(nc)]
-                counts[j] = nc * ez
+            mine = _span_runs(sx, sy, sz, *g[o:o + 2], *g[e:e + 2], es, nc)
+            if mine is not None:
+                runs += mine
+                counts[j] = sum(r[2] for r in mine)
         if not runs:
             return None
         first = [0]
@@ -691,6 +680,23 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
 
 _ONE = np.zeros(1, np.intp)
 
+def _span_runs(sx: int, sy: int, sz: int, oy: int, oz: int, ey: int, ez: int, es: int,
+               nc: int) -> list[tuple[int, int, int, int]] | None:
+    """How a raw chunk of shape (sx, sy, sz), of which a box needs ey rows from oy in ez planes
+    from oz, is read for the least bytes + spans * SPAN_COST_BYTES: None (whole), or per channel
+    (first offset, offset step, count, length) of its spans: whole z-planes (step 0, count 1) or
+    the rows of each plane."""
+    row = sx * es
+    plane = row * sy
+    by_planes = nc * (ez * plane + SPAN_COST_BYTES)
+    by_rows = nc * ez * (ey * row + SPAN_COST_BYTES)
+    if min(by_planes, by_rows) >= plane * sz * nc + SPAN_COST_BYTES:
+        return None
+    if by_planes <= by_rows:
+        return [((c * sz + oz) * plane, 0, 1, ez * plane) for c in range(nc)]
+    return [((c * sz + oz) * plane + oy * row, plane, ez, ey * row) for c in range(nc)]
+
+
 def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool) -> bool:
     """Read a small box of raw chunk files (see SMALL_RAW_CELLS) into `out`; False, having done
     nothing, where this path does not apply. What is read as asked (each value present, of the
@@ -719,7 +725,6 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
     if count > SMALL_RAW_CELLS:
         return False
     nc = scale.nc
-    cost = SPAN_COST_BYTES
     keys: list[int] = []
     packed: list[list[int]] = []  # geometry rows of the values as read (spans packed)
     first = [0]
@@ -731,39 +736,28 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
     partial = False
     for gx, dx, ox, ex, sx in axes[0]:
         for gy, dy, oy, ey, sy in axes[1]:
-            row_bytes = sx * es
-            plane = row_bytes * sy
             key_xy = gx + grid_x * gy
             for gz, dz, oz, ez, sz in axes[2]:
                 keys.append(key_xy + grid_x * grid_y * gz)
-                whole = plane * sz * nc
+                whole = sx * sy * sz * es * nc
                 sizes.append(whole)
-                if ex == sx and ey == sy and ez == sz:
+                runs = None
+                if ex != sx or ey != sy or ez != sz:
+                    partial = True
+                    runs = _span_runs(sx, sy, sz, oy, oz, ey, ez, es, nc)
+                if runs is None:  # needed whole, or the whole file costs less
                     packed.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
                     lengths.append(whole)
-                    first.append(at)
-                    continue
-                partial = True
-                by_planes = nc * (ez * plane + cost)
-                by_rows = nc * ez * (ey * row_bytes + cost)
-                if min(by_planes, by_rows) >= whole + cost:  # the whole file costs less
-                    packed.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
-                    lengths.append(whole)
-                elif by_planes <= by_rows:  # whole z-planes: origin z 0 of ez planes
-                    offsets += range(oz * plane, (oz + nc * sz) * plane, sz * plane)  # per channel
-                    spanned += [ez * plane] * nc
-                    at += nc
-                    packed.append([dx, dy, dz, ox, oy, 0, ex, ey, ez, sx, sy, ez, 0])
-                    lengths.append(nc * ez * plane)
-                else:  # per plane the rows needed: origin y, z 0 of ey rows in ez planes
-                    length = ey * row_bytes
-                    for ch in range(nc):
-                        o = (ch * sz + oz) * plane + oy * row_bytes
-                        offsets += range(o, o + ez * plane, plane)
-                    spanned += [length] * (nc * ez)
-                    at += nc * ez
-                    packed.append([dx, dy, dz, ox, 0, 0, ex, ey, ez, sx, ey, ez, 0])
-                    lengths.append(nc * ez * length)
+                else:
+                    for start, step, n, length in runs:
+                        offsets += range(start, start + step * n, step) if step else (start,)
+                        spanned += [length] * n
+                        at += n
+                    lengths.append(sum(n * length for _, _, n, length in runs))
+                    if runs[0][1] == 0:  # whole z-planes: origin z 0 of ez planes
+                        packed.append([dx, dy, dz, ox, oy, 0, ex, ey, ez, sx, sy, ez, 0])
+                    else:  # per plane the rows needed: origin y, z 0 of ey rows in ez planes
+                        packed.append([dx, dy, dz, ox, 0, 0, ex, ey, ez, sx, ey, ez, 0])
                 first.append(at)
     if not partial:
         return False  # whole chunks: read and decoded file by file by the general path
@@ -785,25 +779,14 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
                                  False, scale.limit, stream, _scratch_for("inflate", 0), None)
         except _batch.ChunkDataError as e:  # type: ignore[union-attr]
             j, msg = e.args
-            cells, _ = _small_cells(axes)
+            cells, _ = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
             raise CorruptChunkError(msg, chunk=reader.chunk_name(cells[j], keys[j])) from None
         return True
-    # as the general path: the geometry of whole chunks, settled by what was read
-    cells, rows = _small_cells(axes)
-    read = _Read(reader, np.array(cells, np.int64), np.array(rows, np.int64))
+    # as the general path: the geometry of whole chunks (`box_geometry`'s, in the same order as
+    # the keys here), settled by what was read
+    read = _Read(reader, *box_geometry(sel, reader.chunk_size, reader.scale_info.size))
     read.decode(out, np.arange(len(keys)), got, read.geom, zeroed, stream)
     return True
-
-
-def _small_cells(axes: list) -> tuple[list, list]:
-    """The grid cells and geometry rows (`box_geometry`'s) of `_read_small_raw`'s axes."""
-    cells, rows = [], []
-    for gx, dx, ox, ex, sx in axes[0]:
-        for gy, dy, oy, ey, sy in axes[1]:
-            for gz, dz, oz, ez, sz in axes[2]:
-                cells.append((gx, gy, gz))
-                rows.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
-    return cells, rows
 
 
 def _local_jobs(read: _Read, out: np.ndarray, inline: bool) -> list[np.ndarray]:
