@@ -15,6 +15,11 @@ from httpserver import serve
 from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Context, CorruptChunkError, Volume
+from xarray_precomputed.reading import batched
+
+# Ranges are asked for by the batched reader; a build without its extension (the numpy fallback,
+# chunk by chunk) reads whole files, and must read the same voxels.
+RANGES = batched._batch is not None
 
 CHUNK = (16, 8, 32)
 
@@ -51,8 +56,9 @@ def test_thin_boxes_are_read_by_ranges_exactly(volume, order):
                 np.testing.assert_array_equal(got, truth[box], err_msg=str(box))
         n, asked = _ranged_bytes(server)
     whole = np.prod(CHUNK) * 2
-    assert n > 0 and ctx.requests["range"] == n
-    assert asked < n * whole / 2  # never more than half a chunk a range
+    assert ctx.requests["range"] == n
+    assert (n > 0) == RANGES
+    assert asked <= n * whole / 2  # never more than half a chunk a range
 
 
 def test_a_box_needing_most_of_each_chunk_reads_them_whole(volume):
@@ -68,7 +74,7 @@ def test_a_server_ignoring_range_still_reads_exactly(volume):
     with serve(str(root), ignore_range=True) as (url, server):
         box = (slice(3, 30), slice(2, 20), slice(33, 36))
         np.testing.assert_array_equal(Volume.open(f"{url}/vol").scale(0).read(box), truth[box])
-        assert _ranged_bytes(server)[0] > 0  # asked for ranges, answered whole
+        assert (_ranged_bytes(server)[0] > 0) == RANGES  # asked for ranges, answered whole
 
 
 def test_truncated_and_missing_chunks_by_ranges(volume, tmp_path):
