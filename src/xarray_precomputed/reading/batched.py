@@ -356,7 +356,9 @@ class _Read:
             sx, sy, sz = g[h:h + 3]
             if g[x:x + 3] == [sx, sy, sz]:
                 continue  # needed whole
-            mine = _span_runs(sx, sy, sz, *g[o:o + 2], *g[e:e + 2], es, nc)
+            oy, oz = g[o:o + 2]
+            ey, ez = g[e:e + 2]
+            mine = _span_runs(sx, sy, sz, oy, oz, ey, ez, es, nc)
             if mine is not None:
                 runs += mine
                 counts[j] = sum(r[2] for r in mine)
