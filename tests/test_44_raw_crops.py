@@ -4,11 +4,11 @@ and as the general batched path reads them where a chunk is absent, short or too
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
 import pytest
+from crop_boxes import alignment_boxes, record_taken
 from oracle import make_data, ts_open, write_volume
 
 from xarray_precomputed import Volume
@@ -32,31 +32,6 @@ def volume(request, tmp_path_factory):
     return path, truth
 
 
-def _boxes():
-    """Per axis every (start, stop), the other axes partial at both ends: every alignment of a
-    box's faces against the chunks, the volume's edge included."""
-    for axis in range(3):
-        for start, stop in itertools.combinations(range(SIZE[axis] + 1), 2):
-            box = [slice(1, SIZE[0] - 2), slice(2, SIZE[1] - 1), slice(1, SIZE[2] - 1)]
-            box[axis] = slice(start, stop)
-            yield box
-
-
-def _taken(monkeypatch) -> list:
-    """Records whether each box read took the one-pass path (True where it raised)."""
-    taken: list = []
-    real = batched._read_small_raw
-
-    def spy(*args):
-        done = True
-        try:
-            done = real(*args)
-        finally:
-            taken.append(done)
-        return done
-
-    monkeypatch.setattr(batched, "_read_small_raw", spy)
-    return taken
 
 
 @pytest.mark.parametrize("span_cost", [0, 40, batched.SPAN_COST_BYTES, 1 << 40])
@@ -65,9 +40,9 @@ def test_every_alignment_reads_what_tensorstore_reads(volume, monkeypatch, span_
     and Fortran-ordered results; boxes of more cells than the one pass takes go the general way."""
     path, truth = volume
     monkeypatch.setattr(batched, "SPAN_COST_BYTES", span_cost)
-    taken = _taken(monkeypatch)
+    taken = record_taken(monkeypatch, batched, "_read_small_raw")
     r = Volume.open(str(path)).scale(0)
-    for box in _boxes():
+    for box in alignment_boxes(SIZE, (slice(1, SIZE[0] - 2), slice(2, SIZE[1] - 1), slice(1, SIZE[2] - 1))):
         for order in ("C", "F"):
             got = r.read(box, order=order)
             assert got.flags[f"{order}_CONTIGUOUS"]
@@ -117,7 +92,7 @@ BOX = (slice(3, 9), slice(2, 7), slice(1, 8))  # meets 5-10_4-8_3-6 in part
 def test_a_chunk_file_of_the_wrong_size_is_named_as_the_general_path_names_it(tmp_path, monkeypatch,
                                                                              how):
     path, _ = _damaged(tmp_path, how)
-    taken = _taken(monkeypatch)
+    taken = record_taken(monkeypatch, batched, "_read_small_raw")
     errors = []
     for cells in (batched.SMALL_RAW_CELLS, 0):
         monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
@@ -135,7 +110,7 @@ def test_an_absent_chunk_reads_as_zero_or_is_named(tmp_path, monkeypatch, order)
     path, data = _damaged(tmp_path, "absent")
     truth = np.asarray(ts_open(path).read().result())  # TensorStore fills it with 0
     assert not truth[5:10, 4:8, 3:6].any() and truth.any()
-    taken = _taken(monkeypatch)
+    taken = record_taken(monkeypatch, batched, "_read_small_raw")
     for cells in (batched.SMALL_RAW_CELLS, 0):
         monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
         count = MissingCount()
@@ -150,7 +125,7 @@ def test_an_absent_chunk_reads_as_zero_or_is_named(tmp_path, monkeypatch, order)
 
 def test_a_crop_of_whole_chunks_only_goes_the_general_way(volume, monkeypatch):
     path, truth = volume
-    taken = _taken(monkeypatch)
+    taken = record_taken(monkeypatch, batched, "_read_small_raw")
     box = (slice(5, 10), slice(0, 8), slice(3, 9))
     got = Volume.open(str(path)).scale(0).read(box)
     np.testing.assert_array_equal(got, truth[box])

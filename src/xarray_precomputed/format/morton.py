@@ -40,18 +40,24 @@ def compressed_morton(cells, grid_shape) -> np.ndarray:
     cells = np.asarray(cells, dtype=np.uint64).reshape(-1, 3)
     plan = _plan(tuple(int(g) for g in grid_shape))
     if len(cells) <= FEW_CELLS:
-        codes = []
-        for cell in cells.tolist():
-            code = 0
-            for axis, i, j in plan:
-                code |= ((cell[axis] >> i) & 1) << j
-            codes.append(code)
-        return np.array(codes, dtype=np.uint64)
+        return np.array(compressed_morton_ints(cells.tolist(), grid_shape), dtype=np.uint64)
     out = np.zeros(len(cells), dtype=np.uint64)
     one = np.uint64(1)
     for axis, i, j in plan:
         out |= ((cells[:, axis] >> np.uint64(i)) & one) << np.uint64(j)
     return out
+
+
+def compressed_morton_ints(cells, grid_shape) -> list[int]:
+    """`compressed_morton` of a few cells given as (x, y, z) Python ints, as Python ints."""
+    plan = _plan(tuple(int(g) for g in grid_shape))
+    codes = []
+    for cell in cells:
+        code = 0
+        for axis, i, j in plan:
+            code |= ((cell[axis] >> i) & 1) << j
+        codes.append(code)
+    return codes
 
 
 def chunk_key(cell, chunk_size, size, voxel_offset) -> str:

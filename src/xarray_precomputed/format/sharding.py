@@ -4,6 +4,7 @@ and parsing of shard and minishard indices (every offset checked). Reading is in
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -116,6 +117,17 @@ def chunk_location(chunk_ids, spec: ShardingSpec) -> tuple[np.ndarray, np.ndarra
     return shard, mini
 
 
+def chunk_location_one(chunk_id: int, spec: ShardingSpec) -> tuple[int, int]:
+    """`chunk_location` of one id, in Python ints (a crop's few keys: numpy's calls on
+    one-element arrays cost more than the arithmetic)."""
+    h = chunk_id >> spec.preshift_bits if spec.preshift_bits < 64 else 0
+    if spec.hash != "identity":
+        h = _murmur3_low64_one(h)
+    if spec.minishard_bits >= 64:
+        return 0, h
+    return (h >> spec.minishard_bits) & _mask(spec.shard_bits), h & _mask(spec.minishard_bits)
+
+
 def shard_filename(shard: int, spec: ShardingSpec, suffix: str = "shard") -> str:
     digits = -(-spec.shard_bits // 4)
     return f"{int(shard):0{digits}x}.{suffix}" if digits else f"0.{suffix}"
@@ -175,18 +187,11 @@ def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray
     zlib's speed here, GIL released), which allocates exactly that size and fails unless the
     stream, its CRC and its size all agree; anything else, and every failure, takes the bounded
     zlib path, which decides what is accepted and names what is wrong."""
-    # A header CRC (FHCRC) goes to zlib too: libdeflate does not check it, zlib does, and the
-    # batched reader (zlib) must accept exactly what this accepts.
-    if _deflate is not None and len(data) >= 18 and data[:2] == b"\x1f\x8b" \
-            and not data[3] & 0x02:
-        # deflate expands at most ~1032:1: a trailer claiming more is damaged, and must not
-        # make libdeflate allocate what it claims (up to 4 GiB)
-        stated = int.from_bytes(data[-4:], "little")
-        if stated <= limit and stated <= MAX_DEFLATE_RATIO * len(data):
-            try:
-                return _deflate.gzip_decompress(data)
-            except _deflate.DeflateError:
-                pass
+    if gzip_stated_size(data, limit) >= 0:
+        try:
+            return _deflate.gzip_decompress(data)
+        except _deflate.DeflateError:
+            pass
     d = zlib.decompressobj(wbits=47)  # auto-detect gzip / zlib headers
     try:
         out = d.decompress(data, limit + 1)
@@ -198,6 +203,19 @@ def decode_gzip(data, limit: int, *, where: str, what: str) -> bytes | bytearray
     if not d.eof:
         raise CorruptChunkError(f"{what}: gzip stream is truncated", chunk=where)
     return out
+
+
+def gzip_stated_size(data, limit: int) -> int:
+    """The size the trailer of gzip value `data` (bytes-like) states where `decode_gzip` hands it
+    to libdeflate as it is, else -1 (see `gzip_stated_sizes`, which checks many at once)."""
+    # A header CRC (FHCRC) goes to zlib: libdeflate does not check it, zlib does, and the batched
+    # reader (zlib) must accept exactly what this accepts.
+    if _deflate is None or len(data) < 18 or data[0] != 0x1F or data[1] != 0x8B or data[3] & 0x02:
+        return -1
+    # deflate expands at most ~1032:1: a trailer claiming more is damaged, and must not make
+    # libdeflate allocate what it claims (up to 4 GiB)
+    stated = int.from_bytes(data[-4:], "little")
+    return stated if stated <= limit and stated <= MAX_DEFLATE_RATIO * len(data) else -1
 
 
 # decode_gzip's first choice, for a caller inflating many values itself (gzip_stated_sizes says
@@ -229,6 +247,12 @@ def gzip_stated_sizes(buf, offsets: np.ndarray, lengths: np.ndarray, limit: int)
     return out
 
 
+# Minishard indices of at most this many ids answer `find` from a dict.
+FIND_TABLE_IDS = 256
+# A dict entry of int -> (int, int), with its ints: about this many bytes (sys.getsizeof).
+TABLE_BYTES_PER_ID = 200
+
+
 @dataclass(frozen=True)
 class MinishardIndex:
     ids: np.ndarray     # sorted uint64 chunk ids
@@ -244,6 +268,30 @@ class MinishardIndex:
             return found, np.zeros(len(chunk_ids), np.int64), np.zeros(len(chunk_ids), np.int64)
         found = self.ids[pos] == chunk_ids
         return found, self.starts[pos], self.ends[pos]
+
+    @property
+    def held_bytes(self) -> int:
+        """What the index may hold, its `find` table included (a cache's charge)."""
+        n = len(self.ids)
+        return 64 + self.ids.nbytes * 3 + (TABLE_BYTES_PER_ID * n if n <= FIND_TABLE_IDS else 0)
+
+    def find(self, chunk_id: int) -> tuple[int, int] | None:
+        """(start, end) of one id, or None: a crop's few keys, in Python ints."""
+        table = self._table
+        if table is not None:
+            return table.get(chunk_id)
+        i = int(np.searchsorted(self.ids, np.uint64(chunk_id)))
+        if i < len(self.ids) and int(self.ids[i]) == chunk_id:
+            return int(self.starts[i]), int(self.ends[i])
+        return None
+
+    @functools.cached_property
+    def _table(self) -> dict[int, tuple[int, int]] | None:
+        # small indices (a volume's: a few chunks each) as a dict, built on first use; a large
+        # one (annotations: thousands of ids) is searched
+        if len(self.ids) > FIND_TABLE_IDS:
+            return None
+        return dict(zip(self.ids.tolist(), zip(self.starts.tolist(), self.ends.tolist())))
 
 
 def parse_minishard_index(buf: bytes, shard_index_end: int, *, file_size: int | None,

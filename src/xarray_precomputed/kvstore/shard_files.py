@@ -258,7 +258,7 @@ class ShardReader:
                 [(m, a, b, buf) for (m, a, b), buf in zip(fetch, raws)], wheres,
                 split=view is not None))
         for m, mi in out.items():
-            self.minishard_cache.put(self._cache_key("mini", shard, m), (mi,), 64 + mi.ids.nbytes * 3)
+            self.minishard_cache.put(self._cache_key("mini", shard, m), (mi,), mi.held_bytes)
         return out
 
     def _check_minishard_range(self, entry: tuple[int, int], where: str) -> tuple[int, int]:

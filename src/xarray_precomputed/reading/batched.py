@@ -34,6 +34,7 @@ from ..format.sharding import (
     GunzipError,
     decode_gzip,
     gunzip_stated,
+    gzip_stated_size,
     gzip_stated_sizes,
     inflates_with_libdeflate,
 )
@@ -123,6 +124,10 @@ SMALL_RAW_CELLS = 32
 # this size: a larger crop's rows copy faster spread over the pool (random 128^3 crops of uint8,
 # 2 MiB: 1.87-1.94 ms spread against 2.11-2.23 in one thread, 2 cores; 64^3: 0.39 ms against 0.59).
 SMALL_RAW_BYTES = 1 << 20
+# A box of a sharded scale from a local store that meets at most this many chunks (a random
+# crop) is read by `_read_small_sharded`, the same way: numpy's calls on arrays of a few rows and
+# the general path's batching were a quarter of a random 64^3 crop of a segmentation.
+SMALL_SHARDED_CELLS = 8
 # The one pass writes geometry rows as list literals: [dest x y z, origin x y z, extent x y z,
 # shape x y z, channel], which must be the extension's columns (else the general path reads).
 _ROWS_AS_LITERALS = GEOM is not None and GEOM.dest == 0 and GEOM.origin == GEOM.dest + 3 and \
@@ -191,6 +196,12 @@ def _small_box_geometry(sel, chunk_size, size) -> tuple[np.ndarray, np.ndarray]:
             np.array(rows, np.int64).reshape(-1, width))
 
 
+def _inflate_first() -> bool:
+    """Whether gzip values are inflated (libdeflate) before the extension decodes them."""
+    return (INFLATE_FIRST and base.running_reads.cores <= INFLATE_FIRST_MAX_CORES) or \
+        not _batch.HAVE_ZLIB  # type: ignore[union-attr]
+
+
 def kind_of(reader: ScaleReader) -> int | None:
     """The extension's number for the scale's decoder (`Codec.batch_kind` names it), or None
     where the extension has none or is not built."""
@@ -247,7 +258,7 @@ class _Scale:
     registry, numpy's dtype names and the sizes cost ~10 us of a one-chunk dask task)."""
 
     __slots__ = ("kind", "batched", "nc", "dtype_name", "limit", "chunk_bytes", "raw",
-                 "whole_dests", "block", "small_raw")
+                 "whole_dests", "block", "small_raw", "small_sharded")
 
     def __init__(self, reader: ScaleReader):
         codec = get_codec(reader.scale_info.encoding)
@@ -270,6 +281,9 @@ class _Scale:
         self.small_raw = (tuple(reader.chunk_size), tuple(reader.scale_info.size), grid[0], grid[1],
                           reader.dtype.itemsize) \
             if self.raw and self.batched and _ROWS_AS_LITERALS and math.prod(grid) <= 1 << 63 else None
+        # and `_read_small_sharded`: (chunk size, scale size)
+        self.small_sharded = (tuple(reader.chunk_size), tuple(reader.scale_info.size)) \
+            if self.batched and _ROWS_AS_LITERALS and reader.scale_info.sharding is not None else None
 
 
 _scales: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -518,8 +532,7 @@ class _Read:
             src = np.ascontiguousarray(rows[:, :3])
         limit = self.limit
         gzip = got.gzip
-        first = gzip and ((INFLATE_FIRST and base.running_reads.cores <= INFLATE_FIRST_MAX_CORES)
-                          or not _batch.HAVE_ZLIB)  # type: ignore[union-attr]
+        first = gzip and _inflate_first()
         parts = self.inflated(members, got.sources, src) if first else \
             [(slice(None), got.sources, src)]
         in_c = gzip and not first
@@ -643,6 +656,9 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
     if mapping is None and (inline or out.nbytes <= SMALL_RAW_BYTES) and \
             _read_small_raw(reader, sel, out, zeroed, stream):
         return
+    if (inline or out.nbytes <= INLINE_DECODE_BYTES) and \
+            _read_small_sharded(reader, sel, out, zeroed, stream, mapping):
+        return
     cells, geom = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
     read = _Read(reader, cells, geom, mapping=mapping)
     if reader.store.batches_reads:
@@ -699,19 +715,11 @@ def _span_runs(sx: int, sy: int, sz: int, oy: int, oz: int, ey: int, ez: int, es
     return [((c * sz + oz) * plane + oy * row, plane, ez, ey * row) for c in range(nc)]
 
 
-def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool) -> bool:
-    """Read a small box of raw chunk files (see SMALL_RAW_CELLS) into `out`; False, having done
-    nothing, where this path does not apply. What is read as asked (each value present, of the
-    size its chunk has, its spans whole) is decoded with the geometry made here; anything else
-    (absent, too large, short) goes to `_Read.decode` as the general path's batches go."""
-    scale = _scale(reader)
-    small = scale.small_raw
-    if small is None or reader.store.batches_reads or not reader.kv.one_object_per_key:
-        return False
-    chunk, size, grid_x, grid_y, es = small
+def _crop_axes(sel, chunk, size, most: int) -> list[list[tuple[int, int, int, int, int]]] | None:
+    """Per axis, per grid index a box of step-1 slices meets: (grid index, dest, origin, extent,
+    chunk extent), in Python ints; None where the box meets more than `most` chunks."""
     axes = []
     count = 1
-    # per axis, per grid index the box meets: (grid index, dest, origin, extent, chunk extent)
     for sl, c, n in zip(sel, chunk, size):
         start, stop = sl.start, sl.stop
         parts = []
@@ -724,7 +732,80 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
             lo = hi
         axes.append(parts)
         count *= len(parts)
-    if count > SMALL_RAW_CELLS:
+    return axes if count <= most else None
+
+
+def _read_small_sharded(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
+                        mapping: tuple | None) -> bool:
+    """Read a box of at most SMALL_SHARDED_CELLS chunks of a sharded scale into `out` (a crop)
+    with Python ints and one call of the extension; False, having done nothing, where this path
+    does not apply. Values all present and plainly gzip (or not compressed) are decoded with the
+    geometry made here; anything else goes to `_Read.decode` as the general path's batches go."""
+    scale = _scale(reader)
+    small = scale.small_sharded
+    if small is None:
+        return False
+    axes = _crop_axes(sel, *small, SMALL_SHARDED_CELLS)
+    if axes is None:
+        return False
+    cells: list[tuple[int, int, int]] = []
+    geom: list[list[int]] = []
+    for gx, dx, ox, ex, sx in axes[0]:
+        for gy, dy, oy, ey, sy in axes[1]:
+            for gz, dz, oz, ez, sz in axes[2]:
+                cells.append((gx, gy, gz))
+                geom.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
+    keys = reader.chunk_key_ints(cells)
+    got = reader.kv.get_few(keys)
+    if got is None:
+        return False
+    rows = got.rows.tolist()
+    sources: list | None = got.sources
+    src = got.rows[:, :3]
+    in_c = False
+    if any(r[0] < 0 for r in rows):
+        sources = None  # absent: the missing rule decides
+    elif got.gzip:
+        if _inflate_first():
+            views = [memoryview(got.sources[k]).cast("B")[o:o + n] for k, o, n, _ in rows]
+            limit = scale.limit
+            if all(gzip_stated_size(v, limit) >= 0 for v in views):
+                try:
+                    sources = [gunzip_stated(v) for v in views]  # type: ignore[misc]
+                    src = np.array([[j, 0, len(b)] for j, b in enumerate(sources)], np.int64)
+                except GunzipError:
+                    sources = None  # damaged: decode_gzip decides, and names what is wrong
+            else:
+                sources = None
+        else:
+            in_c = True
+    if sources is None:
+        read = _Read(reader, np.array(cells, np.int64), np.array(geom, np.int64), mapping=mapping)
+        read.decode(out, np.arange(len(keys)), got, read.geom, zeroed, stream)
+        return True
+    try:
+        _batch.decode_chunks(out, scale.kind, scale.dtype_name,  # type: ignore[union-attr]
+                             scale.block, scale.nc, sources, np.ascontiguousarray(src),
+                             np.array(geom, np.int64), in_c, scale.limit, stream,
+                             _scratch_for("inflate", scale.limit + 1 if in_c else 0), mapping)
+    except _batch.ChunkDataError as e:  # type: ignore[union-attr]
+        j, msg = e.args
+        raise CorruptChunkError(msg, chunk=reader.chunk_name(cells[j], keys[j])) from None
+    return True
+
+
+def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool) -> bool:
+    """Read a small box of raw chunk files (see SMALL_RAW_CELLS) into `out`; False, having done
+    nothing, where this path does not apply. What is read as asked (each value present, of the
+    size its chunk has, its spans whole) is decoded with the geometry made here; anything else
+    (absent, too large, short) goes to `_Read.decode` as the general path's batches go."""
+    scale = _scale(reader)
+    small = scale.small_raw
+    if small is None or reader.store.batches_reads or not reader.kv.one_object_per_key:
+        return False
+    chunk, size, grid_x, grid_y, es = small
+    axes = _crop_axes(sel, chunk, size, SMALL_RAW_CELLS)
+    if axes is None:
         return False
     nc = scale.nc
     keys: list[int] = []

@@ -21,7 +21,7 @@ from ..codecs.raw import plain_voxels
 from ..context import Context, resolve
 from ..errors import CorruptChunkError, PrecomputedError, StorageError
 from ..format.info import ScaleInfo, VolumeInfo, parse_info
-from ..format.morton import compressed_morton
+from ..format.morton import compressed_morton, compressed_morton_ints
 from ..format.sharding import shard_box
 from ..kvstore import KeyValue, ShardedKeyValue, UnshardedKeyValue
 from ..kvstore.shard_files import positions_by_value
@@ -173,6 +173,12 @@ class ScaleReader(ChunkedScaleReader):
         if len(cells) <= KEYS_IN_PYTHON:
             return np.array([x + gx * (y + gy * z) for x, y, z in cells.tolist()], np.uint64)
         return (cells[:, 0] + gx * (cells[:, 1] + gy * cells[:, 2])).astype(np.uint64)
+
+    def chunk_key_ints(self, cells: list) -> list[int]:
+        """`chunk_keys` of a few cells given as (x, y, z) Python ints, as Python ints."""
+        if self.scale_info.sharding is not None:
+            return compressed_morton_ints(cells, self.grid_shape)
+        return self.chunk_keys(np.array(cells, np.int64)).tolist()
 
     def _key_name(self, key: int) -> str:
         return self._key_names(np.array([key], np.uint64))[0]

@@ -1,0 +1,33 @@
+"""Helpers of the crop tests (a helper module, not a test file): boxes at every alignment of
+their faces against the chunks, and a record of which read took a one-pass path."""
+
+from __future__ import annotations
+
+import itertools
+
+
+def alignment_boxes(size, around):
+    """Per axis every (start, stop) within `size`, the other axes as `around` gives them."""
+    for axis in range(3):
+        for start, stop in itertools.combinations(range(size[axis] + 1), 2):
+            box = list(around)
+            box[axis] = slice(start, stop)
+            yield box
+
+
+def record_taken(monkeypatch, owner, name: str) -> list:
+    """Wraps `owner.name` (a one-pass read that answers whether it read the box) so that each
+    call appends its answer to the returned list (True where it raised)."""
+    taken: list = []
+    real = getattr(owner, name)
+
+    def spy(*args):
+        done = True
+        try:
+            done = real(*args)
+        finally:
+            taken.append(done)
+        return done
+
+    monkeypatch.setattr(owner, name, spy)
+    return taken
