@@ -123,10 +123,44 @@ def test_an_absent_chunk_reads_as_zero_or_is_named(tmp_path, monkeypatch, order)
     assert taken == [True, True, False, False]
 
 
-def test_a_crop_of_whole_chunks_only_goes_the_general_way(volume, monkeypatch):
+def test_whole_chunks_are_read_by_one_call_or_straight_into_a_fortran_result(volume, monkeypatch):
+    """A box of whole chunks (a dask task's storage chunk): into a C-ordered result each file is
+    read and decoded by one call here; into a Fortran-ordered one the general path reads the
+    files straight into their regions."""
     path, truth = volume
     taken = record_taken(monkeypatch, batched, "_read_small_raw")
-    box = (slice(5, 10), slice(0, 8), slice(3, 9))
-    got = Volume.open(str(path)).scale(0).read(box)
-    np.testing.assert_array_equal(got, truth[box])
-    assert taken == [False]
+    r = Volume.open(str(path)).scale(0)
+    for box in [(slice(5, 10), slice(0, 8), slice(3, 9)), (slice(10, 13), slice(8, 11), slice(9, 10)),
+                (slice(0, 5), slice(4, 8), slice(6, 9))]:
+        for order in ("C", "F"):
+            got = r.read(box, order=order)
+            assert got.flags[f"{order}_CONTIGUOUS"]
+            np.testing.assert_array_equal(got, truth[box], err_msg=f"{box} {order}")
+    assert taken == [True, False] * 3
+
+
+WHOLE = (slice(5, 10), slice(4, 8), slice(3, 6))  # exactly the chunk 5-10_4-8_3-6
+
+
+@pytest.mark.parametrize("how", ["absent", "short", "long"])
+def test_a_whole_chunk_not_read_as_it_is_goes_the_general_way(tmp_path, monkeypatch, how):
+    """The one call leaves an absent file to the general path, which reads the box again and
+    decides (zeros, or MissingChunkError); a file of the wrong size it names as the general path
+    names it."""
+    path, data = _damaged(tmp_path, how)
+    taken = record_taken(monkeypatch, batched, "_read_small_raw")
+    if how == "absent":
+        got = Volume.open(str(path)).scale(0).read(WHOLE, order="C")
+        assert not got.any()
+        with pytest.raises(MissingChunkError, match="grid cell \\(1, 1, 1\\)"):
+            Volume.open(str(path), fill_missing=False).scale(0).read(WHOLE, order="C")
+        assert taken and not any(taken)
+        return
+    errors = []
+    for cells in (batched.SMALL_RAW_CELLS, 0):
+        monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
+        with pytest.raises(CorruptChunkError, match="grid cell \\(1, 1, 1\\)") as e:
+            Volume.open(str(path)).scale(0).read(WHOLE, order="C")
+        errors.append(str(e.value))
+    assert len(set(errors)) == 1, errors
+    assert taken == [True, False]  # the one call named it (it raised), as the general path does
