@@ -124,10 +124,11 @@ SMALL_RAW_CELLS = 32
 # this size: a larger crop's rows copy faster spread over the pool (random 128^3 crops of uint8,
 # 2 MiB: 1.87-1.94 ms spread against 2.11-2.23 in one thread, 2 cores; 64^3: 0.39 ms against 0.59).
 SMALL_RAW_BYTES = 1 << 20
-# A box of a sharded scale from a local store that meets at most this many chunks (a random
-# crop) is read by `_read_small_sharded`, the same way: numpy's calls on arrays of a few rows and
-# the general path's batching were a quarter of a random 64^3 crop of a segmentation.
-SMALL_SHARDED_CELLS = 8
+# A box of a local sharded scale, or of chunk files of another kind than raw, that meets at most
+# this many chunks (a random crop) is read by `_read_small_box`, the same way: numpy's calls on
+# arrays of a few rows and the general path's batching were a quarter of a random 64^3 crop of a
+# segmentation.
+SMALL_BOX_CELLS = 8
 # The one pass writes geometry rows as list literals: [dest x y z, origin x y z, extent x y z,
 # shape x y z, channel], which must be the extension's columns (else the general path reads).
 _ROWS_AS_LITERALS = GEOM is not None and GEOM.dest == 0 and GEOM.origin == GEOM.dest + 3 and \
@@ -258,7 +259,7 @@ class _Scale:
     registry, numpy's dtype names and the sizes cost ~10 us of a one-chunk dask task)."""
 
     __slots__ = ("kind", "batched", "nc", "dtype_name", "limit", "chunk_bytes", "raw",
-                 "whole_dests", "block", "small_raw", "small_sharded")
+                 "whole_dests", "block", "small_raw", "small_box")
 
     def __init__(self, reader: ScaleReader):
         codec = get_codec(reader.scale_info.encoding)
@@ -281,9 +282,10 @@ class _Scale:
         self.small_raw = (tuple(reader.chunk_size), tuple(reader.scale_info.size), grid[0], grid[1],
                           reader.dtype.itemsize) \
             if self.raw and self.batched and _ROWS_AS_LITERALS and math.prod(grid) <= 1 << 63 else None
-        # and `_read_small_sharded`: (chunk size, scale size)
-        self.small_sharded = (tuple(reader.chunk_size), tuple(reader.scale_info.size)) \
-            if self.batched and _ROWS_AS_LITERALS and reader.scale_info.sharding is not None else None
+        # and `_read_small_box` (sharded scales; chunk files of other kinds): (chunk size, size)
+        self.small_box = (tuple(reader.chunk_size), tuple(reader.scale_info.size)) \
+            if self.batched and _ROWS_AS_LITERALS and (reader.scale_info.sharding is not None or
+                                                       not self.raw) else None
 
 
 _scales: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -657,7 +659,7 @@ def read_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bo
             _read_small_raw(reader, sel, out, zeroed, stream):
         return
     if (inline or out.nbytes <= INLINE_DECODE_BYTES) and \
-            _read_small_sharded(reader, sel, out, zeroed, stream, mapping):
+            _read_small_box(reader, sel, out, zeroed, stream, mapping):
         return
     cells, geom = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
     read = _Read(reader, cells, geom, mapping=mapping)
@@ -735,17 +737,19 @@ def _crop_axes(sel, chunk, size, most: int) -> list[list[tuple[int, int, int, in
     return axes if count <= most else None
 
 
-def _read_small_sharded(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
-                        mapping: tuple | None) -> bool:
-    """Read a box of at most SMALL_SHARDED_CELLS chunks of a sharded scale into `out` (a crop)
-    with Python ints and one call of the extension; False, having done nothing, where this path
-    does not apply. Values all present and plainly gzip (or not compressed) are decoded with the
-    geometry made here; anything else goes to `_Read.decode` as the general path's batches go."""
+def _read_small_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, stream: bool,
+                    mapping: tuple | None) -> bool:
+    """Read a box of at most SMALL_BOX_CELLS chunks (a crop) of a local sharded scale, or of chunk
+    files of a kind other than raw (which `_read_small_raw` reads by spans), into `out` with
+    Python ints and one call of the extension; False, having done nothing, where this path does
+    not apply. Shard values all present and plainly gzip (or not compressed) are decoded with the
+    geometry made here, chunk files read and decoded by one call; anything else goes the general
+    way."""
     scale = _scale(reader)
-    small = scale.small_sharded
-    if small is None:
+    small = scale.small_box
+    if small is None or reader.store.batches_reads:
         return False
-    axes = _crop_axes(sel, *small, SMALL_SHARDED_CELLS)
+    axes = _crop_axes(sel, *small, SMALL_BOX_CELLS)
     if axes is None:
         return False
     cells: list[tuple[int, int, int]] = []
@@ -756,6 +760,15 @@ def _read_small_sharded(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool,
                 cells.append((gx, gy, gz))
                 geom.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
     keys = reader.chunk_key_ints(cells)
+    if reader.kv.one_object_per_key:
+        return _read_whole_files(reader, sel, out, keys, geom, stream, mapping)
+    return _read_shard_values(reader, out, zeroed, stream, mapping, cells, geom, keys)
+
+
+def _read_shard_values(reader: ScaleReader, out: np.ndarray, zeroed: bool, stream: bool,
+                       mapping: tuple | None, cells: list, geom: list, keys: list[int]) -> bool:
+    """`_read_small_box` of a sharded scale."""
+    scale = _scale(reader)
     got = reader.kv.get_few(keys)
     if got is None:
         return False
@@ -878,9 +891,10 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
 
 
 def _read_whole_files(reader: ScaleReader, sel, out: np.ndarray, keys: list[int],
-                      geom: list[list[int]], stream: bool) -> bool:
-    """`_read_small_raw`'s whole chunk files, each read and decoded by storage's C reader in
-    one call (a dask task of one storage chunk: the general path's Python was ~60 % of it); False,
+                      geom: list[list[int]], stream: bool, mapping: tuple | None = None) -> bool:
+    """Chunk files of a small box (`_read_small_raw`'s whole ones, `_read_small_box`'s), each read
+    and decoded by storage's C reader in one call (a dask task of one storage chunk: the general
+    path's Python was ~60 % of it); False,
     where a file was not read as it is (absent, too large, not plain): the general path then
     reads the box again, and decides."""
     scale = _scale(reader)
@@ -891,7 +905,7 @@ def _read_whole_files(reader: ScaleReader, sel, out: np.ndarray, keys: list[int]
     try:
         _batch.read_decode(out, scale.kind, scale.dtype_name, scale.block,  # type: ignore[union-attr]
                            scale.nc, files.reader, files.paths, np.array(geom, np.int64), scale.limit,
-                           stream, _scratch_for("files", scale.limit + 1), result, None)
+                           stream, _scratch_for("files", scale.limit + 1), result, mapping)
     except OSError as e:
         raise files.failure(e) from e
     except _batch.ChunkDataError as e:  # type: ignore[union-attr]
