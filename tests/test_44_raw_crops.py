@@ -143,24 +143,30 @@ WHOLE = (slice(5, 10), slice(4, 8), slice(3, 6))  # exactly the chunk 5-10_4-8_3
 
 
 @pytest.mark.parametrize("how", ["absent", "short", "long"])
-def test_a_whole_chunk_not_read_as_it_is_goes_the_general_way(tmp_path, monkeypatch, how):
-    """The one call leaves an absent file to the general path, which reads the box again and
-    decides (zeros, or MissingChunkError); a file of the wrong size it names as the general path
-    names it."""
+def test_a_whole_chunk_not_read_as_it_is_is_settled_as_the_general_path_settles_it(
+        tmp_path, monkeypatch, how):
+    """Whole chunk files read by one call: an absent one reads as zeros (counted) or raises
+    MissingChunkError, one of the wrong size is named, each as the general path does, and
+    every file is opened once."""
     path, data = _damaged(tmp_path, how)
     taken = record_taken(monkeypatch, batched, "_read_small_raw")
-    if how == "absent":
-        got = Volume.open(str(path)).scale(0).read(WHOLE, order="C")
-        assert not got.any()
-        with pytest.raises(MissingChunkError, match="grid cell \\(1, 1, 1\\)"):
-            Volume.open(str(path), fill_missing=False).scale(0).read(WHOLE, order="C")
-        assert taken and not any(taken)
-        return
-    errors = []
+    box = (slice(0, 10), slice(0, 8), slice(0, 9))  # 12 whole chunks, this one among them
+    messages = []
     for cells in (batched.SMALL_RAW_CELLS, 0):
         monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
-        with pytest.raises(CorruptChunkError, match="grid cell \\(1, 1, 1\\)") as e:
-            Volume.open(str(path)).scale(0).read(WHOLE, order="C")
-        errors.append(str(e.value))
-    assert len(set(errors)) == 1, errors
-    assert taken == [True, False]  # the one call named it (it raised), as the general path does
+        if how == "absent":
+            count = MissingCount()
+            got = Volume.open(str(path), missing_count=count).scale(0).read(box, order="C")
+            want = data.copy()
+            want[5:10, 4:8, 3:6] = 0
+            np.testing.assert_array_equal(got, want[box])
+            assert count.chunks == 1
+            with pytest.raises(MissingChunkError) as e:
+                Volume.open(str(path), fill_missing=False).scale(0).read(box, order="C")
+        else:
+            with pytest.raises(CorruptChunkError) as e:
+                Volume.open(str(path)).scale(0).read(box, order="C")
+        assert "grid cell (1, 1, 1)" in str(e.value) and "5-10_4-8_3-6" in str(e.value)
+        messages.append(str(e.value))
+    assert len(set(messages)) == 1, messages
+    assert taken[0] is True and not any(taken[len(taken) // 2:])

@@ -38,7 +38,7 @@ from ..format.sharding import (
     gzip_stated_sizes,
     inflates_with_libdeflate,
 )
-from ..storage.base import ABSENT, PLACED, TOO_LARGE, Located
+from ..storage.base import ABSENT, PLACED, TOO_LARGE, FileRun, Located
 from . import base
 from .base import (
     INLINE_DECODE_BYTES,
@@ -570,7 +570,12 @@ class _Read:
         except _batch.ChunkDataError as e:  # type: ignore[union-attr]
             j, msg = e.args
             raise CorruptChunkError(msg, chunk=self.name(int(members[j]))) from None
-        codes = result[:, 0]
+        return self.settle_files(out, members, files, result[:, 0], zeroed, stream)
+
+    def settle_files(self, out: np.ndarray, members: np.ndarray, files: FileRun, codes: np.ndarray,
+                     zeroed: bool, stream: bool) -> np.ndarray:
+        """After storage's C reader read `members`' files (`codes`, its first result column):
+        absent ones settled by the missing rule; the members left to `fetch` and `decode`."""
         again = files.done(codes)
         absent = np.flatnonzero((codes < 0) & ~again)
         if len(absent):
@@ -761,7 +766,7 @@ def _read_small_box(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
                 geom.append([dx, dy, dz, ox, oy, oz, ex, ey, ez, sx, sy, sz, 0])
     keys = reader.chunk_key_ints(cells)
     if reader.kv.one_object_per_key:
-        return _read_whole_files(reader, sel, out, keys, geom, stream, mapping)
+        return _read_whole_files(reader, sel, out, keys, geom, zeroed, stream, mapping)
     return _read_shard_values(reader, out, zeroed, stream, mapping, cells, geom, keys)
 
 
@@ -861,7 +866,7 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
         # each file is read and decoded here by one call
         if scale.whole_dests and out.flags.f_contiguous:
             return False
-        return _read_whole_files(reader, sel, out, keys, packed, stream)
+        return _read_whole_files(reader, sel, out, keys, packed, zeroed, stream)
     spans = None
     if offsets:
         sp = np.empty((at, 2), np.int64)
@@ -891,12 +896,13 @@ def _read_small_raw(reader: ScaleReader, sel, out: np.ndarray, zeroed: bool, str
 
 
 def _read_whole_files(reader: ScaleReader, sel, out: np.ndarray, keys: list[int],
-                      geom: list[list[int]], stream: bool, mapping: tuple | None = None) -> bool:
+                      geom: list[list[int]], zeroed: bool, stream: bool,
+                      mapping: tuple | None = None) -> bool:
     """Chunk files of a small box (`_read_small_raw`'s whole ones, `_read_small_box`'s), each read
     and decoded by storage's C reader in one call (a dask task of one storage chunk: the general
-    path's Python was ~60 % of it); False,
-    where a file was not read as it is (absent, too large, not plain): the general path then
-    reads the box again, and decides."""
+    path's Python was ~60 % of it); those not read as they are (absent, too large, not plain,
+    perhaps stored compressed) are then settled as the general path settles them. False, having
+    done nothing, where the store has no such reader."""
     scale = _scale(reader)
     files = reader.kv.files(np.array(keys, np.uint64))
     if files is None:
@@ -912,9 +918,18 @@ def _read_whole_files(reader: ScaleReader, sel, out: np.ndarray, keys: list[int]
         j, msg = e.args
         cells, _ = box_geometry(sel, reader.chunk_size, reader.scale_info.size)
         raise CorruptChunkError(msg, chunk=reader.chunk_name(cells[j], keys[j])) from None
-    if min(result[:, 0].tolist()) < 0:
-        return False
-    files.done(result[:, 0])
+    codes = result[:, 0]
+    if min(codes.tolist()) >= 0:
+        files.done(codes)
+        return True
+    # some file not read as it is (absent, too large, perhaps stored compressed): settled as the
+    # general path settles it, with the geometry of the box's cells (in the same order as `keys`)
+    read = _Read(reader, *box_geometry(sel, reader.chunk_size, reader.scale_info.size),
+                 mapping=mapping)
+    left = read.settle_files(out, np.arange(len(keys)), files, codes, zeroed, stream)
+    if len(left):
+        got = read.fetch(_Batch(left), local=True, out=out)
+        read.decode(out, left, got, read.geom[left], zeroed, stream)
     return True
 
 
