@@ -7,21 +7,20 @@ transcription of the spec's bit loop, against mmh3, and against the shard files 
 from __future__ import annotations
 
 import json
-import math
 import struct
 
 import mmh3
 import numpy as np
+import oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import oracle
 from xarray_precomputed import Volume
 from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.info import ShardingSpec
-from xarray_precomputed.format.morton import FEW_CELLS, compressed_morton, morton_bits
-from xarray_precomputed.format.sharding import chunk_location, hash_ids, shard_filename
+from xarray_precomputed.format.morton import FEW_CELLS, compressed_morton, compressed_morton_ints, morton_bits
+from xarray_precomputed.format.sharding import chunk_location, chunk_location_one, hash_ids, shard_filename
 from xarray_precomputed.kvstore.shard_files import positions_by_value
 
 
@@ -222,6 +221,26 @@ def test_end_to_end_big_murmurhash(morton1, cell, cid, fname, minishard):
     assert shard_filename(int(shard[0]), s) == fname
 
 
+def test_end_to_end_big_in_python_ints():
+    """The one-key forms a crop uses (`compressed_morton_ints`, `chunk_location_one`) give the
+    vectors too."""
+    s = spec(**BIG_SPEC)
+    ids = compressed_morton_ints([v[0] for v in BIG_VECTORS], BIG_GRID)
+    assert ids == [v[1] for v in BIG_VECTORS]
+    got = [chunk_location_one(i, s) for i in ids]
+    assert [shard_filename(x, s) for x, _ in got] == [v[2] for v in BIG_VECTORS]
+    assert [m for _, m in got] == [v[3] for v in BIG_VECTORS]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=10), st.integers(0, 64),
+       st.integers(0, 32), st.integers(0, 32), st.sampled_from(["identity", "murmurhash3_x86_128"]))
+def test_chunk_location_one_equals_chunk_location(ids, preshift, minishard, shard, hash):
+    s = spec(hash, preshift=preshift, minishard=minishard, shard=shard)
+    want_shard, want_mini = chunk_location(np.array(ids, np.uint64), s)
+    assert [chunk_location_one(i, s) for i in ids] == list(zip(want_shard.tolist(), want_mini.tolist()))
+
+
 def test_end_to_end_big_vectorised():
     s = spec(**BIG_SPEC)
     cells = np.array([v[0] for v in BIG_VECTORS])
@@ -349,3 +368,21 @@ def test_byte_trace_26_byte_minishard_index_is_an_error(tmp_path):
         Volume.open(str(tmp_path / "v")).scale(0).read()
     assert isinstance(ei.value, ShardFormatError), repr(ei.value)
     assert "0.shard" in str(ei.value)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 256, 257, 3000])
+def test_minishard_find_answers_as_lookup(n):
+    """`MinishardIndex.find` (a dict up to FIND_TABLE_IDS ids, a search above) against `lookup`,
+    for ids present, absent, below, between and above those listed."""
+    from xarray_precomputed.format.sharding import FIND_TABLE_IDS, MinishardIndex
+
+    rng = np.random.default_rng(n)
+    ids = np.unique(rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True))
+    starts = np.sort(rng.integers(0, 1 << 40, len(ids))).astype(np.int64)
+    index = MinishardIndex(ids, starts, starts + rng.integers(1, 1000, len(ids)))
+    probe = np.concatenate([ids, ids + np.uint64(1), ids - np.uint64(1),
+                            np.array([0, 2**64 - 1], np.uint64)])
+    found, s, e = index.lookup(probe)
+    want = [(int(a), int(b)) if f else None for f, a, b in zip(found, s, e)]
+    assert [index.find(int(k)) for k in probe.tolist()] == want
+    assert (index._table is None) == (len(ids) > FIND_TABLE_IDS)
