@@ -31,3 +31,18 @@ def record_taken(monkeypatch, owner, name: str) -> list:
 
     monkeypatch.setattr(owner, name, spy)
     return taken
+
+
+def errors_both_ways(monkeypatch, owner, limit: str, most: int, read, error) -> list[str]:
+    """What `read(order)` raises (an `error`), for each memory order, with the one pass taking
+    boxes of up to `most` chunks (`owner.limit`) and then none (the general path)."""
+    import pytest
+
+    messages = []
+    for cells in (most, 0):
+        monkeypatch.setattr(owner, limit, cells)
+        for order in ("C", "F"):
+            with pytest.raises(error) as e:
+                read(order)
+            messages.append(str(e.value))
+    return messages

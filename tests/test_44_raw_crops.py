@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from crop_boxes import alignment_boxes, record_taken
+from crop_boxes import alignment_boxes, errors_both_ways, record_taken
 from oracle import make_data, ts_open, write_volume
 
 from xarray_precomputed import Volume
@@ -93,14 +93,10 @@ def test_a_chunk_file_of_the_wrong_size_is_named_as_the_general_path_names_it(tm
                                                                              how):
     path, _ = _damaged(tmp_path, how)
     taken = record_taken(monkeypatch, batched, "_read_small_raw")
-    errors = []
-    for cells in (batched.SMALL_RAW_CELLS, 0):
-        monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
-        for order in ("C", "F"):
-            with pytest.raises(CorruptChunkError) as e:
-                Volume.open(str(path)).scale(0).read(BOX, order=order)
-            assert "5-10_4-8_3-6" in str(e.value) and "grid cell (1, 1, 1)" in str(e.value)
-            errors.append(str(e.value))
+    errors = errors_both_ways(monkeypatch, batched, "SMALL_RAW_CELLS", batched.SMALL_RAW_CELLS,
+                              lambda order: Volume.open(str(path)).scale(0).read(BOX, order=order),
+                              CorruptChunkError)
+    assert "5-10_4-8_3-6" in errors[0] and "grid cell (1, 1, 1)" in errors[0]
     assert len(set(errors)) == 1, errors
     assert taken == [True, True, False, False]
 
