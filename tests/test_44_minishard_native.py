@@ -478,3 +478,183 @@ def test_fuzz_inflate_parse_into_against_the_per_index_parse(sets):
         _columns_equal(cols, parse_minishard_indices(inflated, end, wheres=["f"] * len(inflated)))
         agreed += 1
     assert deferred > 100 and agreed > 100, (deferred, agreed)
+
+
+# ---- locate: keys looked up straight from a mapped shard file, no index kept
+
+def _relaid(data: bytes, end: int, encode) -> bytes:
+    """The shard file `data` with each minishard index re-encoded by `encode(inflated bytes)`
+    and appended at the end, its shard index entry pointing there (the values stay put)."""
+    out = bytearray(data)
+    entries = np.frombuffer(data[:end], "<u8").reshape(-1, 2).copy()
+    for m, (a, b) in enumerate(entries.tolist()):
+        if b > a:
+            packed = encode(gzip.decompress(data[end + a:end + b]))
+            entries[m] = [len(out) - end, len(out) - end + len(packed)]
+            out += packed
+    out[:end] = entries.astype("<u8").tobytes()
+    return bytes(out)
+
+
+def _reference(data: bytes, end: int, m: int, gzipped: bool, limit: int):
+    """Minishard `m` of the shard file `data` as the package's numpy path reads it: its index,
+    or the error it raises."""
+    from xarray_precomputed.format.sharding import decode_gzip, parse_shard_index_entry
+
+    try:
+        if len(data) < end:
+            raise ShardFormatError("short", chunk="x")
+        a, b = parse_shard_index_entry(data[16 * m:16 * m + 16], where="x")
+        if b - a > limit + limit // 1024 + 1024 or end + b > len(data):
+            raise ShardFormatError("range", chunk="x")
+        buf = data[end + a:end + b]
+        if gzipped and a != b:
+            buf = decode_gzip(buf, limit, where="x", what="minishard index")
+        return parse_minishard_index(bytes(buf), end, file_size=None, where="x")
+    except PrecomputedError as e:
+        return e
+
+
+def _locate(data, end, gzipped, small, keys, minis):
+    order = np.argsort(minis, kind="stable")
+    ordered = minis[order].astype(np.int64)
+    cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = np.concatenate(([0], cut, [len(keys)])).astype(np.int64)
+    groups = ordered[bounds[:-1]]
+    skeys = np.ascontiguousarray(keys[order], np.uint64)
+    cols = np.zeros(len(keys), bool), np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    done = np.zeros(len(groups), bool)
+    got = native.locate(data, end, gzipped, small, groups, skeys, bounds, *cols, done)
+    return got, groups, bounds, skeys, cols, done
+
+
+def _check_locate(data, end, gzipped, small, keys, minis, limit=1 << 28):
+    """native.locate of `keys` in `minis`: every group it answers is one the numpy path reads
+    without error, with exactly numpy's lookup; returns (groups done, groups left)."""
+    got, groups, bounds, skeys, cols, done = _locate(data, end, gzipped, small, keys, minis)
+    assert got == int(done.sum())
+    for j, m in enumerate(groups.tolist()):
+        if not done[j]:
+            continue
+        want = _reference(data, end, m, gzipped, limit)
+        assert not isinstance(want, Exception), (m, want)
+        sel = np.arange(bounds[j], bounds[j + 1])
+        f, s, e = lookup_many({m: want}, skeys[sel], np.full(len(sel), m), native=False)
+        np.testing.assert_array_equal(cols[0][sel], f)
+        np.testing.assert_array_equal(cols[1][sel], s)
+        np.testing.assert_array_equal(cols[2][sel], e)
+    return int(done.sum()), int((~done).sum())
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "raw"])
+def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encoding):
+    paths, truth = sets
+    rng = np.random.default_rng(3)
+    answered = 0
+    for name in ("sk", "ts"):
+        for shard, spec in _index_files(paths[name]):
+            data = shard.read_bytes()
+            end = 16 << spec["minishard_bits"]
+            if encoding == "raw":
+                data = _relaid(data, end, lambda b: b)
+            indices = [_reference(data, end, m, encoding == "gzip", 1 << 28)
+                       for m in range(1 << spec["minishard_bits"])]
+            known = np.concatenate([ix.ids for ix in indices] + [np.zeros(1, np.uint64)])
+            keys = np.concatenate([rng.choice(known, 300), rng.integers(0, 1 << 40, 50).astype(np.uint64)])
+            minis = rng.integers(0, len(indices), len(keys))
+            for i in range(200):  # most known keys asked in their own minishard
+                hit = [m for m, ix in enumerate(indices) if keys[i] in ix.ids]
+                minis[i] = hit[0] if hit else minis[i]
+            largest = max(24 * len(ix.ids) for ix in indices)
+            done, left = _check_locate(data, end, encoding == "gzip", largest, keys, minis)
+            assert left == 0
+            answered += done
+            # a bound below an index's size leaves that index to the caller
+            done, left = _check_locate(data, end, encoding == "gzip", 24, keys, minis)
+            assert left > 0
+    assert answered > 50
+
+
+def test_locate_declines_arguments_of_another_form():
+    data = bytes(64)
+    keys = np.arange(4, dtype=np.uint64)
+    minis = np.zeros(1, np.int64)
+    cuts = np.array([0, 4], np.int64)
+    cols = np.zeros(4, bool), np.zeros(4, np.int64), np.zeros(4, np.int64)
+    done = np.zeros(1, bool)
+    assert native.locate(data, 32, True, 100, minis, keys, cuts, *cols, done) == 1  # empty index
+    assert done.all() and not cols[0].any()
+    bad = [
+        (data, 33, True, 100, minis, keys, cuts, *cols, done),  # index_end not entries
+        (data, -16, True, 100, minis, keys, cuts, *cols, done),
+        (data, 32, True, -1, minis, keys, cuts, *cols, done),
+        (data, 32, True, 1 << 40, minis, keys, cuts, *cols, done),
+        (data, 32, True, 100, minis.astype(np.int32), keys, cuts, *cols, done),
+        (data, 32, True, 100, minis, keys.astype(np.int64), cuts, *cols, done),
+        (data, 32, True, 100, minis, keys, np.array([0, 3], np.int64), *cols, done),
+        (data, 32, True, 100, minis, keys, np.array([0, 4, 4], np.int64), *cols, done),
+        (data, 32, True, 100, minis, keys, cuts, cols[0][:3], cols[1], cols[2], done),
+        (data, 32, True, 100, minis, keys, cuts, *cols, np.zeros(2, bool)),
+        (data, 32, True, 100, minis, keys[::2], np.array([0, 2], np.int64), *cols, done),
+    ]
+    for args in bad:
+        assert native.locate(*args) == -1
+    ro = np.zeros(1, bool)
+    ro.flags.writeable = False
+    assert native.locate(data, 32, True, 100, minis, keys, cuts, *cols, ro) == -1
+    # minishards outside the shard index, a file shorter than it: left to the caller
+    for m, d in ((2, data), (-1, data), (0, data[:20])):
+        done[:] = True
+        assert native.locate(d, 32, True, 100, np.array([m], np.int64), keys, cuts, *cols, done) == 0
+        assert not done.any()
+
+
+def test_fuzz_locate_against_the_numpy_path(sets):
+    """Shard files with their shard index entries, gzip members (stream, header, trailer) or
+    raw indices mutated: every group locate answers is read identically, without error, by the
+    numpy path; what numpy refuses is always left to it."""
+    paths, _ = sets
+    rng = np.random.default_rng(41)
+    shard, spec = next(_index_files(paths["ts"]))
+    base = shard.read_bytes()
+    end = 16 << spec["minishard_bits"]
+    raw_base = _relaid(base, end, lambda b: b)
+    count = 1 << spec["minishard_bits"]
+    known = np.concatenate([_reference(base, end, m, True, 1 << 28).ids for m in range(count)])
+    done_total = left_total = 0
+    for case in range(600):
+        gzipped = case % 3 != 0
+        data = bytearray(base if gzipped else raw_base)
+        entries = np.frombuffer(bytes(data[:end]), "<u8").reshape(-1, 2)
+        for _ in range(int(rng.integers(1, 4))):
+            op = int(rng.integers(0, 5))
+            m = int(rng.integers(0, count))
+            a, b = end + int(entries[m, 0]), end + int(entries[m, 1])
+            if not a <= b <= len(data):
+                a = b = 0
+            if op == 0:  # a shard index word set to a boundary value
+                at = 16 * m + 8 * int(rng.integers(0, 2))
+                data[at:at + 8] = int(INTERESTING[int(rng.integers(0, len(INTERESTING)))] %
+                                      (1 << 64)).to_bytes(8, "little")
+            elif op == 1 and b > a:  # a byte of the index (stream, header or trailer) flipped
+                data[int(rng.integers(a, b))] ^= 1 << int(rng.integers(0, 8))
+            elif op == 2 and b > a:  # the index's last bytes, or its header, damaged
+                k = int(rng.integers(1, 9))
+                at = b - k if rng.random() < 0.5 else a + int(rng.integers(0, 10))
+                data[at:at + 1] = bytes([int(rng.integers(0, 256))])
+            elif op == 3:  # the file cut
+                data = data[:int(rng.integers(0, len(data) + 1))]
+            else:  # the entry moved by a few bytes
+                shift = int(rng.integers(-30, 30))
+                at = 16 * m + 8 * int(rng.integers(0, 2))
+                word = int.from_bytes(bytes(data[at:at + 8]), "little") + shift
+                data[at:at + 8] = (word % (1 << 64)).to_bytes(8, "little")
+            entries = np.frombuffer(bytes(data[:end]) if len(data) >= end else bytes(end), "<u8"
+                                    ).reshape(-1, 2)
+        keys = np.concatenate([rng.choice(known, 60), rng.integers(0, 1 << 40, 10).astype(np.uint64)])
+        minis = rng.integers(0, count, len(keys))
+        small = int(rng.choice([24 * 30, shard_files.SMALL_INDEX_BYTES]))
+        done, left = _check_locate(bytes(data), end, gzipped, small, keys, minis)
+        done_total += done
+        left_total += left
+    assert done_total > 1000 and left_total > 100, (done_total, left_total)

@@ -39,6 +39,20 @@
  *     numpy's searchsorted and gathers (shard_files.lookup_many) give them (0 for an empty index).
  *     False, with nothing written, when an argument is not of that form (the numpy path runs).
  *
+ * locate(shard, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends, done)
+ *     -> int
+ *     Keys looked up straight from a shard file (`shard`, bytes-like: a local file mapped), no
+ *     index kept: group g's keys, keys[cuts[g]:cuts[g + 1]], lie in minishard minis[g], whose
+ *     shard index entry is read, whose index (gzip when `gzip`) is inflated into scratch memory,
+ *     parsed as parse does and searched as lookup does, writing found, out_starts and out_ends
+ *     of those keys and done[g] = True. A group is left (done[g] = False, its keys not written)
+ *     where anything is not plainly well formed or the index states more than `small` inflated
+ *     bytes: the caller's cached per-index path then reads it, and decides and names what is
+ *     wrong. A by_id read of 10^4 keys touches ~9,000 minishard indices of ~150 entries: parsed
+ *     into shared columns and wrapped one by one they cost more in Python objects, page faults
+ *     on the columns and garbage collection than inflating them. The groups done, or -1 when
+ *     an argument is not of that form (nothing written), -2 in a build without zlib when gzip.
+ *
  * Every read lies inside the buffers handed over and every write inside the arrays made or
  * checked here, whatever the bytes.
  */
@@ -56,6 +70,7 @@
 
 #define BIG ((uint64_t)1 << 62)       /* an offset delta or size no index holds */
 #define PAST ((uint64_t)1 << 60)      /* data past this defers to the numpy parser */
+#define MAX_RATIO 1040                /* format/sharding.py MAX_DEFLATE_RATIO */
 
 static inline uint64_t le64(const unsigned char *p)
 {
@@ -455,6 +470,185 @@ static PyObject *lookup(PyObject *self, PyObject *args)
     return ret;
 }
 
+/* The first position in ids[0:size) whose id is >= key, clamped to the last (size > 0). */
+static inline size_t search(const uint64_t *ids, size_t size, uint64_t key)
+{
+    size_t lo = 0, hi = size;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo == size ? size - 1 : lo;
+}
+
+typedef struct {
+    const unsigned char *shard;
+    uint64_t len, index_end, small;
+    int gzip;
+    const int64_t *minis, *cuts;
+    const uint64_t *keys;
+    npy_bool *found, *done;
+    int64_t *out_s, *out_e;
+} locate_job;
+
+#ifdef XP_HAVE_ZLIB
+/* Inflate the gzip member at p (n bytes) into out, exactly `want` bytes; 0 or -1. */
+static int inflate_exact(z_stream *zs, const unsigned char *p, uint64_t n, unsigned char *out,
+                         uint64_t want)
+{
+    if (inflateReset(zs) != Z_OK)
+        return -1;
+    zs->next_in = (unsigned char *)p;
+    zs->avail_in = (uInt)n;
+    zs->next_out = out;
+    zs->avail_out = (uInt)(want + 1); /* one byte more: a longer stream shows */
+    int rc = inflate(zs, Z_FINISH);
+    return rc == Z_STREAM_END && zs->avail_in == 0 && zs->total_out == want ? 0 : -1;
+}
+#endif
+
+/* Group j of the job looked up; 1 if done, 0 if left to the caller. */
+static int locate_one(const locate_job *J, Py_ssize_t j, void *zs, unsigned char *scratch,
+                      uint64_t *ids, int64_t *starts, int64_t *ends)
+{
+    int64_t m = J->minis[j];
+    /* the shard index: 16-byte entries [start, end) relative to its end */
+    if (m < 0 || (uint64_t)m >= J->index_end / 16 || J->len < J->index_end)
+        return 0;
+    const unsigned char *entry = J->shard + 16 * (uint64_t)m;
+    uint64_t a = le64(entry), b = le64(entry + 8);
+    if (b < a || b > J->len - J->index_end)
+        return 0;
+    uint64_t n = b - a;
+    size_t count = 0;
+    if (n) {
+        const unsigned char *p = J->shard + J->index_end + a;
+        const unsigned char *raw = p;
+        if (J->gzip) {
+#ifdef XP_HAVE_ZLIB
+            /* a member decode_gzip hands to libdeflate as it is: no header CRC, a plausible
+             * stated size; more (trailing bytes, another member) is the caller's to judge */
+            if (n < 18 || n > J->small + 1024 || p[0] != 0x1F || p[1] != 0x8B || (p[3] & 0x02))
+                return 0;
+            uint64_t want = (uint64_t)p[n - 4] | (uint64_t)p[n - 3] << 8 |
+                            (uint64_t)p[n - 2] << 16 | (uint64_t)p[n - 1] << 24;
+            if (want % 24 || want > J->small || want > MAX_RATIO * n)
+                return 0;
+            if (inflate_exact((z_stream *)zs, p, n, scratch, want) < 0)
+                return 0;
+            raw = scratch;
+            count = (size_t)(want / 24);
+#else
+            (void)zs, (void)scratch;
+            return 0;
+#endif
+        } else {
+            if (n % 24 || n > J->small)
+                return 0;
+            count = (size_t)(n / 24);
+        }
+        if (count && parse_one(raw, count, J->index_end, ids, starts, ends) < 0)
+            return 0;
+    }
+    for (int64_t k = J->cuts[j]; k < J->cuts[j + 1]; k++) {
+        if (count == 0) {
+            J->found[k] = 0;
+            J->out_s[k] = J->out_e[k] = 0;
+            continue;
+        }
+        size_t at = search(ids, count, J->keys[k]);
+        J->found[k] = ids[at] == J->keys[k];
+        J->out_s[k] = starts[at];
+        J->out_e[k] = ends[at];
+    }
+    return 1;
+}
+
+static Py_ssize_t locate_all(const locate_job *J, Py_ssize_t g)
+{
+    Py_ssize_t got = 0;
+    size_t most = (size_t)(J->small / 24) + 1;
+    unsigned char *scratch = (unsigned char *)malloc((size_t)J->small + 1);
+    uint64_t *ids = (uint64_t *)malloc(most * sizeof(uint64_t));
+    int64_t *starts = (int64_t *)malloc(most * sizeof(int64_t));
+    int64_t *ends = (int64_t *)malloc(most * sizeof(int64_t));
+    void *zsp = NULL;
+#ifdef XP_HAVE_ZLIB
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    int zs_ok = J->gzip ? inflateInit2(&zs, 16 + 15) == Z_OK : 0;
+    if (zs_ok)
+        zsp = &zs;
+#endif
+    if (scratch && ids && starts && ends && (zsp || !J->gzip)) {
+        for (Py_ssize_t j = 0; j < g; j++) {
+            J->done[j] = (npy_bool)locate_one(J, j, zsp, scratch, ids, starts, ends);
+            got += J->done[j];
+        }
+    } else {
+        for (Py_ssize_t j = 0; j < g; j++)
+            J->done[j] = 0;
+    }
+#ifdef XP_HAVE_ZLIB
+    if (zs_ok)
+        inflateEnd(&zs);
+#endif
+    free(scratch);
+    free(ids);
+    free(starts);
+    free(ends);
+    return got;
+}
+
+static PyObject *locate(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    long long index_end, small;
+    int gzip;
+    PyObject *minis, *keys, *cuts, *found, *os_obj, *oe_obj, *done;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*LpLOOOOOOO:locate", &view, &index_end, &gzip, &small, &minis,
+                          &keys, &cuts, &found, &os_obj, &oe_obj, &done))
+        return NULL;
+    Py_ssize_t result = -1;
+#ifndef XP_HAVE_ZLIB
+    if (gzip) {
+        result = -2;
+        goto out;
+    }
+#endif
+    /* scratch for `small` bytes: at most 1 GiB (the caller's bound is far below) */
+    if (index_end < 0 || (uint64_t)index_end >= PAST || index_end % 16 || small < 0 ||
+        small > (1LL << 30) || !is_column(minis, NPY_INT64, -1, 0) ||
+        !is_column(keys, NPY_UINT64, -1, 0))
+        goto out;
+    npy_intp g = PyArray_DIM((PyArrayObject *)minis, 0);
+    npy_intp nk = PyArray_DIM((PyArrayObject *)keys, 0);
+    if (!is_column(cuts, NPY_INT64, g + 1, 0) || !is_column(found, NPY_BOOL, nk, 1) ||
+        !is_column(os_obj, NPY_INT64, nk, 1) || !is_column(oe_obj, NPY_INT64, nk, 1) ||
+        !is_column(done, NPY_BOOL, g, 1) ||
+        !cuts_fit((const int64_t *)PyArray_DATA((PyArrayObject *)cuts), g, nk))
+        goto out;
+    locate_job J = {(const unsigned char *)view.buf, (uint64_t)view.len, (uint64_t)index_end,
+                    (uint64_t)small, gzip,
+                    (const int64_t *)PyArray_DATA((PyArrayObject *)minis),
+                    (const int64_t *)PyArray_DATA((PyArrayObject *)cuts),
+                    (const uint64_t *)PyArray_DATA((PyArrayObject *)keys),
+                    (npy_bool *)PyArray_DATA((PyArrayObject *)found),
+                    (npy_bool *)PyArray_DATA((PyArrayObject *)done),
+                    (int64_t *)PyArray_DATA((PyArrayObject *)os_obj),
+                    (int64_t *)PyArray_DATA((PyArrayObject *)oe_obj)};
+    Py_BEGIN_ALLOW_THREADS
+    result = locate_all(&J, g);
+    Py_END_ALLOW_THREADS
+out:
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(result);
+}
+
 static PyMethodDef methods[] = {
     {"parse", parse, METH_VARARGS,
      "parse(bufs, index_end) -> (ids, starts, ends, first) or None: a shard's inflated minishard "
@@ -470,6 +664,11 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(ids, starts, ends, keys, cuts, found, out_starts, out_ends) -> bool: each group's "
      "keys searched in its index, GIL released; False when the arguments are not as documented."},
+    {"locate", locate, METH_VARARGS,
+     "locate(shard, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends, done) "
+     "-> int: keys looked up straight from a shard file's minishard indices (inflated into "
+     "scratch, none kept), GIL released; the groups done, -1 when the arguments are not as "
+     "documented, -2 without zlib."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

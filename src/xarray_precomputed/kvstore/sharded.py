@@ -1,7 +1,9 @@
 """Keys packed into shard files: the sharded format's shard and minishard indices.
 
 The shard and minishard indices are cached (bounded), so a process fetches each index once
-however many reads touch it.
+however many reads touch it; but the small minishard indices of a mapped local shard file
+(`map_files`) are read straight from the mapping for each read and not kept (cheaper than
+keeping them: `ShardReader.lookup_mapped`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ class ShardedKeyValue(KeyValue):
         n = len(keys)
         view = None
         indices = None
+        looked = None
+        rows = np.zeros((n, 4), np.int64)
+        rows[:, 0] = ABSENT
         if whole and self.store.batches_reads:
             got_whole = reader.fetch_whole_shard(shard, minis, chunks=n)
             if got_whole is not None:
@@ -131,26 +136,17 @@ class ShardedKeyValue(KeyValue):
         elif self.map_files:
             view = reader.mapped(shard)
             if view is not None:
-                indices = reader.minishard_indices(shard, np.unique(minis).tolist(), view=view)
-        if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
-            indices = reader.minishard_indices(shard, np.unique(minis).tolist())
-        starts = np.zeros(n, np.int64)
-        ends = np.zeros(n, np.int64)
-        found = np.zeros(n, bool)
-        rows = np.zeros((n, 4), np.int64)
-        rows[:, 0] = ABSENT
-        if indices is None:
-            return [], rows
-        if n > LOOKUP_ONE_BY_ONE:
-            # keys sorted by minishard once and searched in one call of the extension, not a pass
-            # over all keys and a searchsorted per minishard (a relationship read of 1,000
-            # segments: ~31 keys a shard, each in its own minishard)
-            found, starts, ends = lookup_many(indices, keys, minis)
+                looked = reader.lookup_mapped(shard, view, keys, minis)
+                if looked is None:
+                    return [], rows
+        if looked is not None:
+            found, starts, ends = looked
         else:
-            for m in np.unique(minis).tolist():
-                at = np.flatnonzero(minis == m)
-                f, s, e = indices[m].lookup(keys[at])
-                found[at], starts[at], ends[at] = f, s, e
+            if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
+                indices = reader.minishard_indices(shard, np.unique(minis).tolist())
+            if indices is None:
+                return [], rows
+            found, starts, ends = self._lookup(indices, keys, minis)
         big = found & (ends - starts > reader.max_chunk_bytes)
         if big.any():
             i = int(np.flatnonzero(big)[0])
@@ -210,6 +206,21 @@ class ShardedKeyValue(KeyValue):
         rows[have, 2] = lengths
         rows[have, 3] = lengths
         return got, rows
+
+    @staticmethod
+    def _lookup(indices, keys: np.ndarray, minis: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(keys) > LOOKUP_ONE_BY_ONE:
+            # keys sorted by minishard once and searched in one call of the extension, not a pass
+            # over all keys and a searchsorted per minishard
+            return lookup_many(indices, keys, minis)
+        n = len(keys)
+        starts = np.zeros(n, np.int64)
+        ends = np.zeros(n, np.int64)
+        found = np.zeros(n, bool)
+        for m in np.unique(minis).tolist():
+            at = np.flatnonzero(minis == m)
+            found[at], starts[at], ends[at] = indices[m].lookup(keys[at])
+        return found, starts, ends
 
     def get_shard(self, shard: int, keys: np.ndarray) -> list[bytes | None]:
         """As `get_many`, for keys known to lie in one shard."""
