@@ -9,6 +9,7 @@ keeping them: `ShardReader.lookup_mapped`).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,10 +21,26 @@ from ..format.sharding import chunk_location, decode_gzip, shard_filename
 from ..storage import LOCAL_COALESCE_GAP, Store
 from ..storage.base import ABSENT, Located, located
 from .base import KeyValue
-from .shard_files import ShardReader, lookup_many, positions_by_value
+from .shard_files import (
+    ShardReader,
+    lookup_many,
+    positions_by_value,
+    range_positions,
+    shard_native,
+)
 
 # A shard's keys up to this many are looked up minishard by minishard (a crop's few chunks).
 LOOKUP_ONE_BY_ONE = 8
+# Shards read at once by `_located_mapped` (its calls release the GIL), where it has at least
+# THREAD_KEYS keys a shard.
+THREADS = 2
+THREAD_KEYS = 128
+# The most inflated bytes of a minishard index `_located_mapped` reads and drops (larger ones
+# are cached: a read of few keys then inflates them once).
+LOCATE_INDEX_BYTES = 1 << 16
+# Values of one shard up to this many bytes in all are read into one buffer; more, from the file
+# mapped.
+READ_VALUE_BYTES = 1 << 20
 
 class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
@@ -91,6 +108,12 @@ class ShardedKeyValue(KeyValue):
         sources: list = []
         if n:
             shards, minis = self.locate(keys)
+            if self.map_files and not whole:
+                mapped = self._located_mapped(keys, shards, minis)
+                if mapped is not None:
+                    sources, rows = mapped
+                    n = 0  # done
+        if n:
             groups = list(positions_by_value(shards))
 
             def one(group):
@@ -119,6 +142,130 @@ class ShardedKeyValue(KeyValue):
                                  self.shards.max_chunk_bytes, where=self.describe(int(keys[i])),
                                  what="chunk data")
         return located(out)
+
+    def _located_mapped(self, keys: np.ndarray, shards: np.ndarray, minis: np.ndarray
+                        ) -> tuple[list, np.ndarray] | None:
+        """`get_located`'s (sources, rows) for local shard files (`map_files`), by the extension:
+        the keys sorted by shard and minishard once, then per shard one call that reads the
+        shard index and the small minishard indices wanted (`_native.locate_file`; none kept,
+        as `ShardReader.lookup_mapped`) and, where the values found are small (a relationship
+        or by_id read: ~31 or ~300 values a shard), one that reads them into one buffer
+        (`_native.read_ranges`): a read each, where the file mapped cost a page fault each
+        (~5 us on a VM) and its unmapping; large values (spatial cells) from the file mapped.
+        None without the extension. A shard that cannot be read so (absent, compressed, the
+        obsolete pair) goes through `_located_in_shard`; indices the extension leaves (large,
+        damaged) through the cached path, which names what is wrong."""
+        native = shard_native()
+        if native is None or not hasattr(native, "locate_file"):
+            return None
+        reader = self.shards
+        n = len(keys)
+        order = np.lexsort((minis, shards))
+        sorted_keys = np.ascontiguousarray(keys[order], np.uint64)
+        by_shard = shards[order]
+        by_mini = minis[order].astype(np.int64)
+        new = np.ones(n, bool)
+        new[1:] = (by_shard[1:] != by_shard[:-1]) | (by_mini[1:] != by_mini[:-1])
+        first = np.flatnonzero(new)
+        bounds = np.append(first, n).astype(np.int64)  # group g: sorted keys [bounds[g], bounds[g+1])
+        group_shard = by_shard[first]
+        group_mini = np.ascontiguousarray(by_mini[first])
+        cuts = np.flatnonzero(np.append(True, group_shard[1:] != group_shard[:-1]))
+        shard_groups = np.append(cuts, len(first)).tolist()  # shard i: groups [sg[i], sg[i+1])
+        found = np.zeros(n, bool)
+        starts = np.zeros(n, np.int64)
+        ends = np.zeros(n, np.int64)
+        done = np.zeros(len(first), bool)
+        gzip = self.spec.minishard_index_encoding == "gzip"
+        small = min(LOCATE_INDEX_BYTES, reader.max_minishard_bytes)
+
+        def part(i: int) -> tuple[list, np.ndarray, int]:
+            """(sources, their rows for sorted keys [ka, kb), indices inflated) of shard i."""
+            a, b = shard_groups[i], shard_groups[i + 1]
+            ka, kb = int(bounds[a]), int(bounds[b])
+            shard = int(group_shard[a])
+            opened = reader.opened(shard)
+            if opened is None:  # read the way its form needs
+                pos = order[ka:kb]
+                got, got_rows = self._located_in_shard(shard, keys[pos], minis[pos], False)
+                return got, got_rows, 0
+            fd, size = opened
+            try:
+                answered = native.locate_file(fd, size, reader.index_end, gzip, small,
+                                              group_mini[a:b], sorted_keys[ka:kb],
+                                              bounds[a:b + 1] - ka, found[ka:kb], starts[ka:kb],
+                                              ends[ka:kb], done[a:b])
+                left = a + np.flatnonzero(~done[a:b])
+                if len(left):
+                    indices = reader.minishard_indices(shard, group_mini[left].tolist())
+                    sel = range_positions(bounds[left], bounds[left + 1])
+                    if indices is None:
+                        found[sel] = False
+                    else:
+                        found[sel], starts[sel], ends[sel] = lookup_many(
+                            indices, sorted_keys[sel], by_mini[sel])
+                have = np.flatnonzero(found[ka:kb])
+                s, e = starts[ka:kb][have], ends[ka:kb][have]
+                big = np.flatnonzero(e - s > reader.max_chunk_bytes)
+                if len(big):
+                    j = int(big[0])
+                    raise ShardFormatError(
+                        f"data [{int(s[j])}, {int(e[j])}) ({int(e[j] - s[j])} bytes) runs past the "
+                        f"end of any value this set can store (at most {reader.max_chunk_bytes} "
+                        f"bytes)", chunk=self.describe(int(sorted_keys[ka + have[j]])))
+                short = np.flatnonzero(e > size)
+                rows = np.zeros((kb - ka, 4), np.int64)
+                rows[:, 0] = ABSENT
+                lengths = e - s
+                total = int(lengths.sum())
+                source: object = None
+                if not len(short) and total > READ_VALUE_BYTES:
+                    source = reader.mapped(shard)  # large values: their pages, not a copy
+                    if source is not None and len(source) < size:  # type: ignore[arg-type]
+                        short = np.flatnonzero(e > len(source))  # type: ignore[arg-type]
+                    offsets = s
+                if source is None and not len(short):
+                    buf = np.empty(total, np.uint8)
+                    offsets = np.zeros(len(have), np.int64)
+                    np.cumsum(lengths[:-1], out=offsets[1:])
+                    read = native.read_ranges(fd, np.ascontiguousarray(s), lengths, buf, offsets)
+                    if read < len(have):  # the file is shorter than when it was sized
+                        short = np.arange(max(read, 0), len(have))
+                    source = buf
+                if len(short):
+                    j = int(short[0])
+                    raise ShardFormatError(f"data [{int(s[j])}, {int(e[j])}) lies past the end of "
+                                           f"{reader.shard_name(shard)}",
+                                           chunk=self.describe(int(sorted_keys[ka + have[j]])))
+            finally:
+                os.close(fd)
+            rows[have, 0] = 0
+            rows[have, 1] = offsets
+            rows[have, 2] = lengths
+            rows[have, 3] = lengths
+            return [source], rows, max(answered, 0)
+
+        count = len(cuts)
+        if count > 1 and THREADS > 1 and n >= THREAD_KEYS * count:
+            # the extension reads and inflates with the GIL released: two shards at once, where
+            # there is enough to do per shard (a by_id read of 10^4 keys over 32 shards inflates
+            # ~9,000 indices; 1,000 relationship keys cost less than starting threads)
+            parts = run_threads([functools.partial(part, i) for i in range(count)], THREADS,
+                                "xp-shards")
+        else:
+            parts = [part(i) for i in range(count)]
+        rows = np.zeros((n, 4), np.int64)
+        rows[:, 0] = ABSENT
+        sources: list = []
+        for i, (got, got_rows, _) in enumerate(parts):
+            ka, kb = int(bounds[shard_groups[i]]), int(bounds[shard_groups[i + 1]])
+            got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
+            rows[order[ka:kb]] = got_rows
+            sources += got
+        inflated = sum(p[2] for p in parts)
+        if inflated:
+            reader.index_fetches.add("minishard_index", inflated)
+        return sources, rows
 
     def _located_in_shard(self, shard: int, keys: np.ndarray, minis: np.ndarray,
                           whole: bool) -> tuple[list, np.ndarray]:
