@@ -24,11 +24,12 @@ import xarray_precomputed as xp
 from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.sharding import parse_minishard_index, parse_minishard_indices
 from xarray_precomputed.kvstore import _minishard as native
-from xarray_precomputed.kvstore import shard_files
+from xarray_precomputed.kvstore import shard_files, sharded
 from xarray_precomputed.kvstore.shard_files import (
     forget_cached_indices,
     lookup_many,
     parse_indices,
+    range_positions,
 )
 
 TS_SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "murmurhash3_x86_128",
@@ -125,6 +126,9 @@ def _queries(path, truth, rng):
 @pytest.mark.parametrize("name", ["sk", "ts"])
 def test_reads_agree_with_numpy_path_truth_and_neuroglancer(sets, name, monkeypatch, small):
     monkeypatch.setattr(shard_files, "SMALL_INDEX_BYTES", small)
+    # every minishard index left to the cached path (0), or read by locate_file; on threads
+    monkeypatch.setattr(sharded, "LOCATE_INDEX_BYTES", small * 8)
+    monkeypatch.setattr(sharded, "THREAD_KEYS", 0 if small else 1 << 30)
     paths, truth = sets
     forget_cached_indices()
     fast = _queries(paths[name], truth, np.random.default_rng(5))
@@ -528,11 +532,39 @@ def _locate(data, end, gzipped, small, keys, minis):
     return got, groups, bounds, skeys, cols, done
 
 
-def _check_locate(data, end, gzipped, small, keys, minis, limit=1 << 28):
+def _locate_file(path, data, end, gzipped, small, keys, minis):
+    """_locate's answer from the file `path` (written with `data`) through locate_file."""
+    import os
+
+    path.write_bytes(data)
+    order = np.argsort(minis, kind="stable")
+    ordered = minis[order].astype(np.int64)
+    cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = np.concatenate(([0], cut, [len(keys)])).astype(np.int64)
+    cols = np.zeros(len(keys), bool), np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    done = np.zeros(len(bounds) - 1, bool)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        got = native.locate_file(fd, len(data), end, gzipped, small, ordered[bounds[:-1]],
+                                 np.ascontiguousarray(keys[order], np.uint64), bounds, *cols, done)
+    finally:
+        os.close(fd)
+    return got, cols, done
+
+
+def _check_locate(data, end, gzipped, small, keys, minis, limit=1 << 28, path=None):
     """native.locate of `keys` in `minis`: every group it answers is one the numpy path reads
-    without error, with exactly numpy's lookup; returns (groups done, groups left)."""
+    without error, with exactly numpy's lookup; locate_file, reading the same bytes from a file
+    (at `path`), answers exactly as locate. Returns (groups done, groups left)."""
     got, groups, bounds, skeys, cols, done = _locate(data, end, gzipped, small, keys, minis)
     assert got == int(done.sum())
+    if path is not None:
+        got_file, cols_file, done_file = _locate_file(path, data, end, gzipped, small, keys, minis)
+        assert got_file == got
+        np.testing.assert_array_equal(done_file, done)
+        answered = range_positions(bounds[:-1][done], bounds[1:][done])
+        for a, b in zip(cols_file, cols):
+            np.testing.assert_array_equal(a[answered], b[answered])
     for j, m in enumerate(groups.tolist()):
         if not done[j]:
             continue
@@ -547,7 +579,7 @@ def _check_locate(data, end, gzipped, small, keys, minis, limit=1 << 28):
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "raw"])
-def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encoding):
+def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encoding, tmp_path):
     paths, truth = sets
     rng = np.random.default_rng(3)
     answered = 0
@@ -566,11 +598,13 @@ def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encod
                 hit = [m for m, ix in enumerate(indices) if keys[i] in ix.ids]
                 minis[i] = hit[0] if hit else minis[i]
             largest = max(24 * len(ix.ids) for ix in indices)
-            done, left = _check_locate(data, end, encoding == "gzip", largest, keys, minis)
+            done, left = _check_locate(data, end, encoding == "gzip", largest, keys, minis,
+                                       path=tmp_path / "shard")
             assert left == 0
             answered += done
             # a bound below an index's size leaves that index to the caller
-            done, left = _check_locate(data, end, encoding == "gzip", 24, keys, minis)
+            done, left = _check_locate(data, end, encoding == "gzip", 24, keys, minis,
+                                       path=tmp_path / "shard")
             assert left > 0
     assert answered > 50
 
@@ -609,7 +643,7 @@ def test_locate_declines_arguments_of_another_form():
         assert not done.any()
 
 
-def test_fuzz_locate_against_the_numpy_path(sets):
+def test_fuzz_locate_against_the_numpy_path(sets, tmp_path):
     """Shard files with their shard index entries, gzip members (stream, header, trailer) or
     raw indices mutated: every group locate answers is read identically, without error, by the
     numpy path; what numpy refuses is always left to it."""
@@ -654,7 +688,63 @@ def test_fuzz_locate_against_the_numpy_path(sets):
         keys = np.concatenate([rng.choice(known, 60), rng.integers(0, 1 << 40, 10).astype(np.uint64)])
         minis = rng.integers(0, count, len(keys))
         small = int(rng.choice([24 * 30, shard_files.SMALL_INDEX_BYTES]))
-        done, left = _check_locate(bytes(data), end, gzipped, small, keys, minis)
+        done, left = _check_locate(bytes(data), end, gzipped, small, keys, minis,
+                                   path=tmp_path / "shard")
         done_total += done
         left_total += left
     assert done_total > 1000 and left_total > 100, (done_total, left_total)
+
+
+def test_locate_file_and_read_ranges_decline_arguments_of_another_form(tmp_path):
+    import os
+
+    path = tmp_path / "f"
+    data = bytes(range(256)) * 40
+    path.write_bytes(data)
+    keys = np.arange(4, dtype=np.uint64)
+    minis = np.zeros(1, np.int64)
+    cuts = np.array([0, 4], np.int64)
+    cols = np.zeros(4, bool), np.zeros(4, np.int64), np.zeros(4, np.int64)
+    done = np.zeros(1, bool)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        for bad in [(-1, len(data), 32), (fd, -1, 32), (fd, len(data), 33), (fd, 1 << 61, 32)]:
+            assert native.locate_file(*bad, True, 100, minis, keys, cuts, *cols, done) == -1
+        assert native.locate_file(fd, len(data), 32, True, 100, minis, keys.astype(np.int64), cuts,
+                                  *cols, done) == -1
+        # a file shorter than its shard index, a size past the file: groups left to the caller
+        done[:] = True
+        assert native.locate_file(fd, 20, 32, True, 100, minis, keys, cuts, *cols, done) == 0
+        assert not done.any()
+        # read_ranges: each range where asked, a short file shows as fewer ranges read
+        rng = np.random.default_rng(4)
+        offsets = rng.integers(0, len(data), 50).astype(np.int64)
+        lengths = rng.integers(0, 300, 50).astype(np.int64)
+        lengths = np.minimum(lengths, len(data) - offsets)
+        dests = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        out = np.zeros(int(lengths.sum()), np.uint8)
+        assert native.read_ranges(fd, offsets, lengths, out, dests) == 50
+        want = b"".join(data[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist()))
+        assert out.tobytes() == want
+        past = np.array([0, len(data) - 10, 5], np.int64)
+        assert native.read_ranges(fd, past, np.array([10, 20, 5], np.int64), np.zeros(35, np.uint8),
+                                  np.array([0, 10, 30], np.int64)) == 1
+        for args in [(offsets, lengths, out[:-1], dests),  # out cannot hold them
+                     (offsets, lengths, out, dests - 1),
+                     (-offsets - 1, lengths, out, dests),
+                     (offsets, -lengths - 1, out, dests),
+                     (offsets.astype(np.int32), lengths, out, dests),
+                     (offsets, lengths[:-1], out, dests),
+                     (offsets, lengths, out.astype(np.int8), dests)]:
+            assert native.read_ranges(fd, *args) == -1
+        ro = out.copy()
+        ro.flags.writeable = False
+        assert native.read_ranges(fd, offsets, lengths, ro, dests) == -1
+        assert native.read_ranges(-1, offsets, lengths, out, dests) == -1
+    finally:
+        os.close(fd)
+    closed = os.open(path, os.O_RDONLY)
+    os.close(closed)  # a descriptor no longer open: the OS error, not a crash
+    with pytest.raises(OSError):
+        native.read_ranges(closed, offsets[:1], np.array([5], np.int64), np.zeros(5, np.uint8),
+                           np.zeros(1, np.int64))
