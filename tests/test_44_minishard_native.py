@@ -1,7 +1,8 @@
 """The minishard index extension (`kvstore/_minishard.c`) against its numpy path.
 
 A shard's minishard indices are parsed by the extension (`parse`, or `parse_into` one index at a
-time as each is inflated) and keys are looked up in them (`lookup`); numpy
+time as each is inflated) and keys are looked up in them (`lookup`), or looked up straight from
+a shard file without keeping them (`locate_file`, with `read_ranges` for the values); numpy
 (`format/sharding.parse_minishard_indices`, `shard_files.lookup_many(native=False)`) is the
 path where the extension is not built, and the one that decides and names a damaged index. Here
 the two agree on indices other writers wrote (ngsidekick, TensorStore's sharded kvstore), reads
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 
 import numpy as np
@@ -29,7 +31,6 @@ from xarray_precomputed.kvstore.shard_files import (
     forget_cached_indices,
     lookup_many,
     parse_indices,
-    range_positions,
 )
 
 TS_SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "murmurhash3_x86_128",
@@ -484,7 +485,7 @@ def test_fuzz_inflate_parse_into_against_the_per_index_parse(sets):
     assert deferred > 100 and agreed > 100, (deferred, agreed)
 
 
-# ---- locate: keys looked up straight from a mapped shard file, no index kept
+# ---- locate_file: keys looked up straight from a shard file, no index kept
 
 def _relaid(data: bytes, end: int, encode) -> bytes:
     """The shard file `data` with each minishard index re-encoded by `encode(inflated bytes)`
@@ -519,7 +520,10 @@ def _reference(data: bytes, end: int, m: int, gzipped: bool, limit: int):
         return e
 
 
-def _locate(data, end, gzipped, small, keys, minis):
+def _locate(path, data, end, gzipped, small, keys, minis):
+    """native.locate_file of `keys` in `minis` from the file `path`, written with `data`: the
+    answer, the groups, their bounds, the sorted keys, found / starts / ends, done."""
+    path.write_bytes(data)
     order = np.argsort(minis, kind="stable")
     ordered = minis[order].astype(np.int64)
     cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
@@ -528,43 +532,21 @@ def _locate(data, end, gzipped, small, keys, minis):
     skeys = np.ascontiguousarray(keys[order], np.uint64)
     cols = np.zeros(len(keys), bool), np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
     done = np.zeros(len(groups), bool)
-    got = native.locate(data, end, gzipped, small, groups, skeys, bounds, *cols, done)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        got = native.locate_file(fd, len(data), end, gzipped, small, groups, skeys, bounds, *cols,
+                                 done)
+    finally:
+        os.close(fd)
     return got, groups, bounds, skeys, cols, done
 
 
-def _locate_file(path, data, end, gzipped, small, keys, minis):
-    """_locate's answer from the file `path` (written with `data`) through locate_file."""
-    import os
-
-    path.write_bytes(data)
-    order = np.argsort(minis, kind="stable")
-    ordered = minis[order].astype(np.int64)
-    cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
-    bounds = np.concatenate(([0], cut, [len(keys)])).astype(np.int64)
-    cols = np.zeros(len(keys), bool), np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
-    done = np.zeros(len(bounds) - 1, bool)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        got = native.locate_file(fd, len(data), end, gzipped, small, ordered[bounds[:-1]],
-                                 np.ascontiguousarray(keys[order], np.uint64), bounds, *cols, done)
-    finally:
-        os.close(fd)
-    return got, cols, done
-
-
-def _check_locate(data, end, gzipped, small, keys, minis, limit=1 << 28, path=None):
-    """native.locate of `keys` in `minis`: every group it answers is one the numpy path reads
-    without error, with exactly numpy's lookup; locate_file, reading the same bytes from a file
-    (at `path`), answers exactly as locate. Returns (groups done, groups left)."""
-    got, groups, bounds, skeys, cols, done = _locate(data, end, gzipped, small, keys, minis)
+def _check_locate(path, data, end, gzipped, small, keys, minis, limit=1 << 28):
+    """native.locate_file of `keys` in `minis` (the shard file `data`, at `path`): every group
+    it answers is one the numpy path reads without error, with exactly numpy's lookup; returns
+    (groups done, groups left)."""
+    got, groups, bounds, skeys, cols, done = _locate(path, data, end, gzipped, small, keys, minis)
     assert got == int(done.sum())
-    if path is not None:
-        got_file, cols_file, done_file = _locate_file(path, data, end, gzipped, small, keys, minis)
-        assert got_file == got
-        np.testing.assert_array_equal(done_file, done)
-        answered = range_positions(bounds[:-1][done], bounds[1:][done])
-        for a, b in zip(cols_file, cols):
-            np.testing.assert_array_equal(a[answered], b[answered])
     for j, m in enumerate(groups.tolist()):
         if not done[j]:
             continue
@@ -598,49 +580,58 @@ def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encod
                 hit = [m for m, ix in enumerate(indices) if keys[i] in ix.ids]
                 minis[i] = hit[0] if hit else minis[i]
             largest = max(24 * len(ix.ids) for ix in indices)
-            done, left = _check_locate(data, end, encoding == "gzip", largest, keys, minis,
-                                       path=tmp_path / "shard")
+            done, left = _check_locate(tmp_path / "shard", data, end, encoding == "gzip",
+                                       largest, keys, minis)
             assert left == 0
             answered += done
             # a bound below an index's size leaves that index to the caller
-            done, left = _check_locate(data, end, encoding == "gzip", 24, keys, minis,
-                                       path=tmp_path / "shard")
+            done, left = _check_locate(tmp_path / "shard", data, end, encoding == "gzip", 24,
+                                       keys, minis)
             assert left > 0
     assert answered > 50
 
 
-def test_locate_declines_arguments_of_another_form():
-    data = bytes(64)
+def test_locate_file_declines_arguments_of_another_form(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(64))
     keys = np.arange(4, dtype=np.uint64)
     minis = np.zeros(1, np.int64)
     cuts = np.array([0, 4], np.int64)
     cols = np.zeros(4, bool), np.zeros(4, np.int64), np.zeros(4, np.int64)
     done = np.zeros(1, bool)
-    assert native.locate(data, 32, True, 100, minis, keys, cuts, *cols, done) == 1  # empty index
-    assert done.all() and not cols[0].any()
-    bad = [
-        (data, 33, True, 100, minis, keys, cuts, *cols, done),  # index_end not entries
-        (data, -16, True, 100, minis, keys, cuts, *cols, done),
-        (data, 32, True, -1, minis, keys, cuts, *cols, done),
-        (data, 32, True, 1 << 40, minis, keys, cuts, *cols, done),
-        (data, 32, True, 100, minis.astype(np.int32), keys, cuts, *cols, done),
-        (data, 32, True, 100, minis, keys.astype(np.int64), cuts, *cols, done),
-        (data, 32, True, 100, minis, keys, np.array([0, 3], np.int64), *cols, done),
-        (data, 32, True, 100, minis, keys, np.array([0, 4, 4], np.int64), *cols, done),
-        (data, 32, True, 100, minis, keys, cuts, cols[0][:3], cols[1], cols[2], done),
-        (data, 32, True, 100, minis, keys, cuts, *cols, np.zeros(2, bool)),
-        (data, 32, True, 100, minis, keys[::2], np.array([0, 2], np.int64), *cols, done),
-    ]
-    for args in bad:
-        assert native.locate(*args) == -1
-    ro = np.zeros(1, bool)
-    ro.flags.writeable = False
-    assert native.locate(data, 32, True, 100, minis, keys, cuts, *cols, ro) == -1
-    # minishards outside the shard index, a file shorter than it: left to the caller
-    for m, d in ((2, data), (-1, data), (0, data[:20])):
-        done[:] = True
-        assert native.locate(d, 32, True, 100, np.array([m], np.int64), keys, cuts, *cols, done) == 0
-        assert not done.any()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        assert native.locate_file(fd, 64, 32, True, 100, minis, keys, cuts, *cols, done) == 1
+        assert done.all() and not cols[0].any()  # an empty index
+        bad = [
+            (-1, 64, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, -1, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 1 << 61, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 64, 33, True, 100, minis, keys, cuts, *cols, done),  # index_end not entries
+            (fd, 64, -16, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, -1, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, 1 << 40, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis.astype(np.int32), keys, cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis, keys.astype(np.int64), cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, np.array([0, 3], np.int64), *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, np.array([0, 4, 4], np.int64), *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, cuts, cols[0][:3], cols[1], cols[2], done),
+            (fd, 64, 32, True, 100, minis, keys, cuts, *cols, np.zeros(2, bool)),
+            (fd, 64, 32, True, 100, minis, keys[::2], np.array([0, 2], np.int64), *cols, done),
+        ]
+        for args in bad:
+            assert native.locate_file(*args) == -1
+        ro = np.zeros(1, bool)
+        ro.flags.writeable = False
+        assert native.locate_file(fd, 64, 32, True, 100, minis, keys, cuts, *cols, ro) == -1
+        # minishards outside the shard index, a file (or size) shorter than it: left to the caller
+        for m, size in ((2, 64), (-1, 64), (0, 20)):
+            done[:] = True
+            assert native.locate_file(fd, size, 32, True, 100, np.array([m], np.int64), keys, cuts,
+                                      *cols, done) == 0
+            assert not done.any()
+    finally:
+        os.close(fd)
 
 
 def test_fuzz_locate_against_the_numpy_path(sets, tmp_path):
@@ -688,35 +679,19 @@ def test_fuzz_locate_against_the_numpy_path(sets, tmp_path):
         keys = np.concatenate([rng.choice(known, 60), rng.integers(0, 1 << 40, 10).astype(np.uint64)])
         minis = rng.integers(0, count, len(keys))
         small = int(rng.choice([24 * 30, shard_files.SMALL_INDEX_BYTES]))
-        done, left = _check_locate(bytes(data), end, gzipped, small, keys, minis,
-                                   path=tmp_path / "shard")
+        done, left = _check_locate(tmp_path / "shard", bytes(data), end, gzipped, small, keys,
+                                   minis)
         done_total += done
         left_total += left
     assert done_total > 1000 and left_total > 100, (done_total, left_total)
 
 
-def test_locate_file_and_read_ranges_decline_arguments_of_another_form(tmp_path):
-    import os
-
+def test_read_ranges_reads_each_range_and_declines_arguments_of_another_form(tmp_path):
     path = tmp_path / "f"
     data = bytes(range(256)) * 40
     path.write_bytes(data)
-    keys = np.arange(4, dtype=np.uint64)
-    minis = np.zeros(1, np.int64)
-    cuts = np.array([0, 4], np.int64)
-    cols = np.zeros(4, bool), np.zeros(4, np.int64), np.zeros(4, np.int64)
-    done = np.zeros(1, bool)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        for bad in [(-1, len(data), 32), (fd, -1, 32), (fd, len(data), 33), (fd, 1 << 61, 32)]:
-            assert native.locate_file(*bad, True, 100, minis, keys, cuts, *cols, done) == -1
-        assert native.locate_file(fd, len(data), 32, True, 100, minis, keys.astype(np.int64), cuts,
-                                  *cols, done) == -1
-        # a file shorter than its shard index, a size past the file: groups left to the caller
-        done[:] = True
-        assert native.locate_file(fd, 20, 32, True, 100, minis, keys, cuts, *cols, done) == 0
-        assert not done.any()
-        # read_ranges: each range where asked, a short file shows as fewer ranges read
+    try:  # each range where asked, a short file shows as fewer ranges read
         rng = np.random.default_rng(4)
         offsets = rng.integers(0, len(data), 50).astype(np.int64)
         lengths = rng.integers(0, 300, 50).astype(np.int64)

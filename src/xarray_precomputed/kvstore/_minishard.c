@@ -39,19 +39,29 @@
  *     numpy's searchsorted and gathers (shard_files.lookup_many) give them (0 for an empty index).
  *     False, with nothing written, when an argument is not of that form (the numpy path runs).
  *
- * locate(shard, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends, done)
- *     -> int
- *     Keys looked up straight from a shard file (`shard`, bytes-like: a local file mapped), no
- *     index kept: group g's keys, keys[cuts[g]:cuts[g + 1]], lie in minishard minis[g], whose
- *     shard index entry is read, whose index (gzip when `gzip`) is inflated into scratch memory,
- *     parsed as parse does and searched as lookup does, writing found, out_starts and out_ends
- *     of those keys and done[g] = True. A group is left (done[g] = False, its keys not written)
- *     where anything is not plainly well formed or the index states more than `small` inflated
- *     bytes: the caller's cached per-index path then reads it, and decides and names what is
- *     wrong. A by_id read of 10^4 keys touches ~9,000 minishard indices of ~150 entries: parsed
- *     into shared columns and wrapped one by one they cost more in Python objects, page faults
- *     on the columns and garbage collection than inflating them. The groups done, or -1 when
- *     an argument is not of that form (nothing written), -2 in a build without zlib when gzip.
+ * locate_file(fd, size, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends,
+ *             done) -> int
+ *     Keys looked up straight from the minishard indices of a shard file open as `fd` (`size`
+ *     bytes), no index kept: group g's keys, keys[cuts[g]:cuts[g + 1]], lie in minishard
+ *     minis[g]. Its shard index entry is read (the whole shard index at once when at most
+ *     64 KiB), then its stored index (gzip when `gzip`), inflated into scratch memory, parsed as
+ *     parse does and searched as lookup does, writing found, out_starts and out_ends of those
+ *     keys and done[g] = True. A group is left (done[g] = False, its keys not written) where
+ *     anything is not plainly well formed, cannot be read in full, or the index states more
+ *     than `small` inflated bytes: the caller's cached per-index path then reads it, and
+ *     decides and names what is wrong. An annotation read of many keys touches many small
+ *     indices (by_id, 10^4 keys: ~9,000 of ~150 entries; a relationship, 1,000 segments: ~1,000
+ *     of ~15): parsed into shared columns and wrapped one by one they cost more in Python
+ *     objects and garbage collection than inflating them, and a read each costs less than the
+ *     page faults and unmapping of the file mapped (~5 us a fault on a VM). The groups done, or
+ *     -1 when an argument is not of that form (nothing written), -2 in a build without zlib
+ *     when gzip.
+ *
+ * read_ranges(fd, offsets, lengths, out, dests) -> int
+ *     Range i of the file open as `fd`, [offsets[i], offsets[i] + lengths[i]), read into
+ *     out[dests[i]:] (uint8, each range inside it), in order: the ranges read in full (fewer
+ *     when the file ends before one), -1 when an argument is not of that form; OSError when a
+ *     read fails.
  *
  * Every read lies inside the buffers handed over and every write inside the arrays made or
  * checked here, whatever the bytes.
@@ -536,8 +546,7 @@ static int64_t read_at(int fd, unsigned char *buf, uint64_t n, uint64_t off)
 }
 
 typedef struct {
-    const unsigned char *shard; /* the shard file mapped; or NULL: read from `fd` */
-    int fd;
+    int fd; /* the shard file */
     uint64_t len, index_end, small;
     int gzip;
     const int64_t *minis, *cuts;
@@ -546,8 +555,8 @@ typedef struct {
     int64_t *out_s, *out_e;
 } locate_job;
 
-/* Scratch of one locate call: the shard index (read whole from a file when small), a stored
- * index read from a file, the inflated index, its parsed columns. */
+/* Scratch of one locate_file call: the shard index (read whole when small), a stored index,
+ * the inflated index, its parsed columns. */
 typedef struct {
     unsigned char *table; /* NULL: entries read one by one */
     int table_ok;
@@ -582,9 +591,7 @@ static int entry_of(const locate_job *J, locate_scratch *S, int64_t m, uint64_t 
         return 0;
     unsigned char got[16];
     const unsigned char *entry;
-    if (J->shard != NULL) {
-        entry = J->shard + 16 * (uint64_t)m;
-    } else if (S->table != NULL) {
+    if (S->table != NULL) {
         if (!S->table_ok)
             return 0;
         entry = S->table + 16 * (uint64_t)m;
@@ -612,15 +619,9 @@ static int locate_one(const locate_job *J, Py_ssize_t j, locate_scratch *S)
          * another member, a larger index) is the caller's to judge */
         if (n > J->small + (J->gzip ? 1024 : 0) || (J->gzip && n < 18) || (!J->gzip && n % 24))
             return 0;
-        const unsigned char *p;
-        if (J->shard != NULL) {
-            p = J->shard + J->index_end + a;
-        } else {
-            if (read_at(J->fd, S->stored, n, J->index_end + a) != (int64_t)n)
-                return 0;
-            p = S->stored;
-        }
-        const unsigned char *raw = p;
+        if (read_at(J->fd, S->stored, n, J->index_end + a) != (int64_t)n)
+            return 0;
+        const unsigned char *p = S->stored, *raw = p;
         if (J->gzip) {
 #ifdef XP_HAVE_ZLIB
             if (p[0] != 0x1F || p[1] != 0x8B || (p[3] & 0x02))
@@ -662,13 +663,12 @@ static Py_ssize_t locate_all(const locate_job *J, Py_ssize_t g)
     size_t most = (size_t)(J->small / 24) + 1;
     locate_scratch S;
     memset(&S, 0, sizeof S);
-    int from_file = J->shard == NULL;
-    S.stored = from_file ? (unsigned char *)malloc((size_t)J->small + 1024 + 1) : NULL;
+    S.stored = (unsigned char *)malloc((size_t)J->small + 1024 + 1);
     S.inflated = (unsigned char *)malloc((size_t)J->small + 1);
     S.ids = (uint64_t *)malloc(most * sizeof(uint64_t));
     S.starts = (int64_t *)malloc(most * sizeof(int64_t));
     S.ends = (int64_t *)malloc(most * sizeof(int64_t));
-    if (from_file && J->index_end <= WHOLE_TABLE_BYTES && J->len >= J->index_end) {
+    if (J->index_end <= WHOLE_TABLE_BYTES && J->len >= J->index_end) {
         /* a small shard index read whole at once: one read for every group's entry */
         S.table = (unsigned char *)malloc((size_t)J->index_end + 1);
         if (S.table != NULL)
@@ -681,9 +681,8 @@ static Py_ssize_t locate_all(const locate_job *J, Py_ssize_t g)
     if (zs_ok)
         S.zs = &zs;
 #endif
-    int ready = S.inflated && S.ids && S.starts && S.ends && (S.stored || !from_file) &&
-                (S.zs || !J->gzip) && (S.table || !from_file || J->index_end > WHOLE_TABLE_BYTES ||
-                                       J->len < J->index_end);
+    int ready = S.inflated && S.ids && S.starts && S.ends && S.stored && (S.zs || !J->gzip) &&
+                (S.table || J->index_end > WHOLE_TABLE_BYTES || J->len < J->index_end);
     for (Py_ssize_t j = 0; j < g; j++) {
         J->done[j] = (npy_bool)(ready && locate_one(J, j, &S));
         got += J->done[j];
@@ -701,7 +700,7 @@ static Py_ssize_t locate_all(const locate_job *J, Py_ssize_t g)
     return got;
 }
 
-/* locate and locate_file, their arguments checked: the job, or 0 when they are not of the form. */
+/* locate_file's arguments checked: the job, or 0 when they are not of its form. */
 static int job_of(locate_job *J, long long index_end, int gzip, long long small, PyObject *minis,
                   PyObject *keys, PyObject *cuts, PyObject *found, PyObject *os_obj,
                   PyObject *oe_obj, PyObject *done, npy_intp *g)
@@ -729,38 +728,6 @@ static int job_of(locate_job *J, long long index_end, int gzip, long long small,
     J->out_s = (int64_t *)PyArray_DATA((PyArrayObject *)os_obj);
     J->out_e = (int64_t *)PyArray_DATA((PyArrayObject *)oe_obj);
     return 1;
-}
-
-static PyObject *locate(PyObject *self, PyObject *args)
-{
-    Py_buffer view;
-    long long index_end, small;
-    int gzip;
-    PyObject *minis, *keys, *cuts, *found, *os_obj, *oe_obj, *done;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*LpLOOOOOOO:locate", &view, &index_end, &gzip, &small, &minis,
-                          &keys, &cuts, &found, &os_obj, &oe_obj, &done))
-        return NULL;
-    Py_ssize_t result = -1;
-    locate_job J;
-    memset(&J, 0, sizeof J);
-    npy_intp g = 0;
-#ifndef XP_HAVE_ZLIB
-    if (gzip) {
-        PyBuffer_Release(&view);
-        return PyLong_FromLong(-2);
-    }
-#endif
-    if (job_of(&J, index_end, gzip, small, minis, keys, cuts, found, os_obj, oe_obj, done, &g)) {
-        J.shard = (const unsigned char *)view.buf;
-        J.fd = -1;
-        J.len = (uint64_t)view.len;
-        Py_BEGIN_ALLOW_THREADS
-        result = locate_all(&J, g);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(result);
 }
 
 static PyObject *locate_file(PyObject *self, PyObject *args)
@@ -846,15 +813,11 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(ids, starts, ends, keys, cuts, found, out_starts, out_ends) -> bool: each group's "
      "keys searched in its index, GIL released; False when the arguments are not as documented."},
-    {"locate", locate, METH_VARARGS,
-     "locate(shard, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends, done) "
-     "-> int: keys looked up straight from a shard file's minishard indices (inflated into "
-     "scratch, none kept), GIL released; the groups done, -1 when the arguments are not as "
-     "documented, -2 without zlib."},
     {"locate_file", locate_file, METH_VARARGS,
      "locate_file(fd, size, index_end, gzip, small, minis, keys, cuts, found, out_starts, out_ends, "
-     "done) -> int: locate, the shard file read from the descriptor fd (size bytes), GIL "
-     "released."},
+     "done) -> int: keys looked up straight from the small minishard indices of the shard file "
+     "open as fd (size bytes), none kept, GIL released; the groups done, -1 when the arguments "
+     "are not as documented, -2 without zlib."},
     {"read_ranges", read_ranges, METH_VARARGS,
      "read_ranges(fd, offsets, lengths, out, dests) -> int: each range of the file read into "
      "out at dests, GIL released; the ranges read in full (fewer: a short file), -1 when the "

@@ -263,43 +263,6 @@ class ShardReader:
                 out.update(got)
         return out
 
-    def lookup_mapped(self, shard: int, view: memoryview, keys: np.ndarray, minishards: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """`lookup_many` of `keys` (in `minishards`) in the mapped shard file `view`: small
-        minishard indices read straight from the mapping by the extension, in one call, and
-        dropped (`_native.locate`: a by_id read of 10^4 keys over ~9,000 indices cost more in
-        Python objects and garbage collection per index than inflating them); the rest (large,
-        or not plainly well formed) through `minishard_indices`, which caches them and names what
-        is wrong. None if the shard has no file."""
-        n = len(keys)
-        order = np.argsort(minishards, kind="stable")
-        ordered = minishards[order]
-        cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
-        bounds = np.concatenate(([0], cut, [n])).astype(np.int64)
-        groups = ordered[bounds[:-1]].astype(np.int64)
-        sorted_keys = np.ascontiguousarray(keys[order], np.uint64)
-        found = np.zeros(n, bool)
-        starts = np.zeros(n, np.int64)
-        ends = np.zeros(n, np.int64)
-        done = np.zeros(len(groups), bool)
-        if _native is not None and hasattr(_native, "locate"):
-            got = _native.locate(view, self.index_end, self.spec.minishard_index_encoding == "gzip",
-                                 min(SMALL_INDEX_BYTES, self.max_minishard_bytes), groups, sorted_keys,
-                                 bounds, found, starts, ends, done)
-            if got < 0:
-                done[:] = False
-            elif got:
-                self.index_fetches.add("minishard_index", got)
-        left = np.flatnonzero(~done)
-        if len(left):
-            indices = self.minishard_indices(shard, groups[left].tolist(), view=view)
-            if indices is None:
-                return None
-            sel = range_positions(bounds[left], bounds[left + 1])
-            f, s, e = lookup_many(indices, sorted_keys[sel], ordered[sel])
-            found[sel], starts[sel], ends[sel] = f, s, e
-        return _unsort(order, found, starts, ends)
-
     def _fetch_minishard_indices(self, shard: int, minishards: list[int],
                                  view: memoryview | None = None) -> dict[int, MinishardIndex] | None:
         if view is None and self.shard_form_cache.get(self._cache_key("form", shard)) == _ABSENT:

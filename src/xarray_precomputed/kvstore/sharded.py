@@ -1,9 +1,9 @@
 """Keys packed into shard files: the sharded format's shard and minishard indices.
 
 The shard and minishard indices are cached (bounded), so a process fetches each index once
-however many reads touch it; but the small minishard indices of a mapped local shard file
-(`map_files`) are read straight from the mapping for each read and not kept (cheaper than
-keeping them: `ShardReader.lookup_mapped`).
+however many reads touch it; but where local shard files are read for many small values
+(`map_files`, annotations), small minishard indices are read and inflated for each read and not
+kept, by the extension (`_located_mapped`: cheaper than keeping them).
 """
 
 from __future__ import annotations
@@ -108,30 +108,12 @@ class ShardedKeyValue(KeyValue):
         sources: list = []
         if n:
             shards, minis = self.locate(keys)
-            if self.map_files and not whole:
-                mapped = self._located_mapped(keys, shards, minis)
-                if mapped is not None:
-                    sources, rows = mapped
-                    n = 0  # done
-        if n:
-            groups = list(positions_by_value(shards))
-
-            def one(group):
-                shard, pos = group
-                return self._located_in_shard(shard, keys[pos], minis[pos], whole)
-
-            if self.map_files and len(groups) > 1:
-                # mapped shards (an annotation read of many keys): each shard's indices parsed and
-                # values located on its own thread (inflation and numpy release the GIL)
-                # (threads of this call, sized by the store's context: they wait on its pools)
-                answers = run_threads([functools.partial(one, g) for g in groups],
-                                      max(2, self.store.context.decode_threads), "xp-shards")
+            mapped = self._located_mapped(keys, shards, minis) if self.map_files and not whole \
+                else None
+            if mapped is not None:
+                sources, rows = mapped
             else:
-                answers = [one(g) for g in groups]
-            for (_, pos), (got, got_rows) in zip(groups, answers):
-                got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
-                rows[pos] = got_rows
-                sources += got
+                sources = self._located_by_shard(keys, shards, minis, rows, whole)
         gzip = self.spec.data_encoding == "gzip"
         if not gzip or not inflate:
             return Located(sources, rows, gzip)
@@ -143,12 +125,37 @@ class ShardedKeyValue(KeyValue):
                                  what="chunk data")
         return located(out)
 
+    def _located_by_shard(self, keys: np.ndarray, shards: np.ndarray, minis: np.ndarray,
+                          rows: np.ndarray, whole: bool) -> list:
+        """`get_located` shard by shard (`_located_in_shard`), rows written into `rows`; the
+        sources."""
+        groups = list(positions_by_value(shards))
+        sources: list = []
+
+        def one(group):
+            shard, pos = group
+            return self._located_in_shard(shard, keys[pos], minis[pos], whole)
+
+        if self.map_files and len(groups) > 1:
+            # mapped shards (an annotation read of many keys): each shard's indices parsed and
+            # values located on its own thread (inflation and numpy release the GIL)
+            # (threads of this call, sized by the store's context: they wait on its pools)
+            answers = run_threads([functools.partial(one, g) for g in groups],
+                                  max(2, self.store.context.decode_threads), "xp-shards")
+        else:
+            answers = [one(g) for g in groups]
+        for (_, pos), (got, got_rows) in zip(groups, answers):
+            got_rows[got_rows[:, 0] >= 0, 0] += len(sources)
+            rows[pos] = got_rows
+            sources += got
+        return sources
+
     def _located_mapped(self, keys: np.ndarray, shards: np.ndarray, minis: np.ndarray
                         ) -> tuple[list, np.ndarray] | None:
         """`get_located`'s (sources, rows) for local shard files (`map_files`), by the extension:
         the keys sorted by shard and minishard once, then per shard one call that reads the
-        shard index and the small minishard indices wanted (`_native.locate_file`; none kept,
-        as `ShardReader.lookup_mapped`) and, where the values found are small (a relationship
+        shard index and the small minishard indices wanted (`_native.locate_file`; none kept)
+        and, where the values found are small (a relationship
         or by_id read: ~31 or ~300 values a shard), one that reads them into one buffer
         (`_native.read_ranges`): a read each, where the file mapped cost a page fault each
         (~5 us on a VM) and its unmapping; large values (spatial cells) from the file mapped.
@@ -273,27 +280,21 @@ class ShardedKeyValue(KeyValue):
         n = len(keys)
         view = None
         indices = None
-        looked = None
         rows = np.zeros((n, 4), np.int64)
         rows[:, 0] = ABSENT
         if whole and self.store.batches_reads:
             got_whole = reader.fetch_whole_shard(shard, minis, chunks=n)
             if got_whole is not None:
                 view, indices = got_whole
-        elif self.map_files:
+        elif self.map_files:  # (without the extension: `_located_mapped` reads with it)
             view = reader.mapped(shard)
             if view is not None:
-                looked = reader.lookup_mapped(shard, view, keys, minis)
-                if looked is None:
-                    return [], rows
-        if looked is not None:
-            found, starts, ends = looked
-        else:
-            if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
-                indices = reader.minishard_indices(shard, np.unique(minis).tolist())
-            if indices is None:
-                return [], rows
-            found, starts, ends = self._lookup(indices, keys, minis)
+                indices = reader.minishard_indices(shard, np.unique(minis).tolist(), view=view)
+        if indices is None:  # ranges; or no `.shard` file to fetch whole (the obsolete pair, or none)
+            indices = reader.minishard_indices(shard, np.unique(minis).tolist())
+        if indices is None:
+            return [], rows
+        found, starts, ends = self._lookup(indices, keys, minis)
         big = found & (ends - starts > reader.max_chunk_bytes)
         if big.any():
             i = int(np.flatnonzero(big)[0])
