@@ -272,6 +272,15 @@ class ShardedKeyValue(KeyValue):
         inflated = sum(p[2] for p in parts)
         if inflated:
             reader.index_fetches.add("minishard_index", inflated)
+        if len(sources) > 1 and all(isinstance(x, np.ndarray) for x in sources):
+            # every shard's values read into a buffer of its own: one buffer, so the caller
+            # takes them from one source (no pass per shard)
+            at = np.zeros(len(sources), np.int64)
+            np.cumsum([len(x) for x in sources[:-1]], out=at[1:])
+            have = rows[:, 0] >= 0
+            rows[have, 1] += at[rows[have, 0]]
+            rows[have, 0] = 0
+            sources = [np.concatenate(sources)]
         return sources, rows
 
     def _located_in_shard(self, shard: int, keys: np.ndarray, minis: np.ndarray,
