@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
-import stat
 from contextlib import ExitStack
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -147,36 +145,14 @@ class ShardReader:
 
     def opened(self, shard: int) -> tuple[int, int] | None:
         """A read-only descriptor of the `.shard` file and its size, for the caller to read and
-        close (a local plain file, as `mapped`); None where there is none to open so (absent,
-        compressed, the obsolete pair, a remote store): the caller reads through the store."""
-        store: Any = self.store  # a LocalStore where file_path is there
-        file_path = getattr(store, "file_path", None)
-        form = getattr(store, "folder_form", None)
-        if file_path is None or form is None or \
-                self.shard_form_cache.get(self._cache_key("form", shard)) not in (None, "shard"):
+        close (`Store.open_file`: a local plain file, as `mapped`); None where there is none to
+        open so (absent, compressed, the obsolete pair, a remote store): read through the store."""
+        if self.shard_form_cache.get(self._cache_key("form", shard)) not in (None, "shard"):
             return None
-        key = self._key(shard_filename(shard, self.spec))
-        folder = key.rpartition("/")[0]
-        if form(folder) not in ("", None):
-            return None
-        path = file_path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-        except OSError as e:
-            raise store.failure(e) from e
-        try:
-            st = os.fstat(fd)
-        except OSError as e:
-            os.close(fd)
-            raise store.failure(e) from e
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            return None
-        store.found_plain(folder)
-        self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
-        return fd, st.st_size
+        got = self.store.open_file(self._key(shard_filename(shard, self.spec)))
+        if got is not None:
+            self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
+        return got
 
     def absent_names(self, shard: int) -> list[str] | None:
         """The names looked for, when the shard was found to have no file; else None."""
