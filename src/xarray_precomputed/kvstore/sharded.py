@@ -37,10 +37,13 @@ THREADS = 2
 THREAD_KEYS = 128
 # The most inflated bytes of a minishard index `_located_mapped` reads and drops (larger ones
 # are cached: a read of few keys then inflates them once).
-LOCATE_INDEX_BYTES = 1 << 16
+LOCATE_INDEX_BYTES = 16 << 10
 # Values of one shard up to this many bytes in all are read into one buffer; more, from the file
-# mapped.
+# mapped ...
 READ_VALUE_BYTES = 1 << 20
+# ... and read from the file mapped also where there is a value for each DENSE_VALUE_SPACING
+# bytes of the file or more.
+DENSE_VALUE_SPACING = 16 << 10
 
 class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
@@ -159,12 +162,12 @@ class ShardedKeyValue(KeyValue):
         or by_id read: ~31 or ~300 values a shard), one that reads them into one buffer
         (`_native.read_ranges`): a read each, where the file mapped cost a page fault each
         (~5 us on a VM) and its unmapping; large values (spatial cells) from the file mapped.
-        None without the extension. A shard that cannot be read so (absent, compressed, the
-        obsolete pair) goes through `_located_in_shard`; indices the extension leaves (large,
-        damaged) through the cached path, which names what is wrong."""
+        None without the extension, or for a remote store. A shard that cannot be read so
+        (absent, compressed, the obsolete pair) goes through `_located_in_shard`; indices the
+        extension leaves (large, damaged) through the cached path, which names what is wrong."""
         native = shard_native()
-        if native is None or not hasattr(native, "locate_file"):
-            return None
+        if native is None or not hasattr(native, "locate_file") or self.store.batches_reads:
+            return None  # (a remote store's shards are fetched on threads, shard by shard)
         reader = self.shards
         n = len(keys)
         order = np.lexsort((minis, shards))
@@ -203,8 +206,12 @@ class ShardedKeyValue(KeyValue):
                                               bounds[a:b + 1] - ka, found[ka:kb], starts[ka:kb],
                                               ends[ka:kb], done[a:b])
                 left = a + np.flatnonzero(~done[a:b])
+                view = None
                 if len(left):
-                    indices = reader.minishard_indices(shard, group_mini[left].tolist())
+                    # large indices: through the file mapped, parsed (libdeflate, a large batch
+                    # on two threads) and cached, as a read without the extension does
+                    view = reader.mapped(shard)
+                    indices = reader.minishard_indices(shard, group_mini[left].tolist(), view=view)
                     sel = range_positions(bounds[left], bounds[left + 1])
                     if indices is None:
                         found[sel] = False
@@ -226,8 +233,11 @@ class ShardedKeyValue(KeyValue):
                 lengths = e - s
                 total = int(lengths.sum())
                 source: object = None
-                if not len(short) and total > READ_VALUE_BYTES:
-                    source = reader.mapped(shard)  # large values: their pages, not a copy
+                if not len(short) and (total > READ_VALUE_BYTES or
+                                       len(have) * DENSE_VALUE_SPACING >= size):
+                    # large values, or many for the file's size (a page fault serves several):
+                    # their pages, not a copy
+                    source = view if view is not None else reader.mapped(shard)
                     if source is not None and len(source) < size:  # type: ignore[arg-type]
                         short = np.flatnonzero(e > len(source))  # type: ignore[arg-type]
                     offsets = s
