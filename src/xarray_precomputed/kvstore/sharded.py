@@ -49,9 +49,10 @@ class ShardedKeyValue(KeyValue):
     """Values by uint64 key from the shard files under `path`, laid out by `spec`.
 
     `max_value_bytes` bounds one stored value (a range past it is refused before it is fetched);
-    `max_keys` bounds how many keys a minishard index may list. `map_files`: `get_located` maps
-    local shard files into memory (`ShardReader.mapped`) and hands out views of the mapping, for
-    a reader of many small values that decodes them before the mapping is dropped."""
+    `max_keys` bounds how many keys a minishard index may list. `map_files`: `get_located` reads
+    local shard files for a reader of many small values (`_located_mapped`): small values copied
+    into one buffer, large or dense ones handed out as views of the file mapped
+    (`ShardReader.mapped`), which the reader decodes before the mapping is dropped."""
 
     def __init__(self, store: Store, path: str, spec: ShardingSpec, *, max_value_bytes: int,
                  max_keys: int = 1 << 28, map_files: bool = False):
