@@ -1,7 +1,8 @@
 """The minishard index extension (`kvstore/_minishard.c`) against its numpy path.
 
 A shard's minishard indices are parsed by the extension (`parse`, or `parse_into` one index at a
-time as each is inflated) and keys are looked up in them (`lookup`); numpy
+time as each is inflated) and keys are looked up in them (`lookup`), or looked up straight from
+a shard file without keeping them (`locate_file`, with `read_ranges` for the values); numpy
 (`format/sharding.parse_minishard_indices`, `shard_files.lookup_many(native=False)`) is the
 path where the extension is not built, and the one that decides and names a damaged index. Here
 the two agree on indices other writers wrote (ngsidekick, TensorStore's sharded kvstore), reads
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 
 import numpy as np
@@ -24,7 +26,7 @@ import xarray_precomputed as xp
 from xarray_precomputed.errors import PrecomputedError, ShardFormatError
 from xarray_precomputed.format.sharding import parse_minishard_index, parse_minishard_indices
 from xarray_precomputed.kvstore import _minishard as native
-from xarray_precomputed.kvstore import shard_files
+from xarray_precomputed.kvstore import shard_files, sharded
 from xarray_precomputed.kvstore.shard_files import (
     forget_cached_indices,
     lookup_many,
@@ -125,6 +127,9 @@ def _queries(path, truth, rng):
 @pytest.mark.parametrize("name", ["sk", "ts"])
 def test_reads_agree_with_numpy_path_truth_and_neuroglancer(sets, name, monkeypatch, small):
     monkeypatch.setattr(shard_files, "SMALL_INDEX_BYTES", small)
+    # every minishard index left to the cached path (0), or read by locate_file; on threads
+    monkeypatch.setattr(sharded, "LOCATE_INDEX_BYTES", small * 8)
+    monkeypatch.setattr(sharded, "THREAD_KEYS", 0 if small else 1 << 30)
     paths, truth = sets
     forget_cached_indices()
     fast = _queries(paths[name], truth, np.random.default_rng(5))
@@ -478,3 +483,243 @@ def test_fuzz_inflate_parse_into_against_the_per_index_parse(sets):
         _columns_equal(cols, parse_minishard_indices(inflated, end, wheres=["f"] * len(inflated)))
         agreed += 1
     assert deferred > 100 and agreed > 100, (deferred, agreed)
+
+
+# ---- locate_file: keys looked up straight from a shard file, no index kept
+
+def _relaid(data: bytes, end: int, encode) -> bytes:
+    """The shard file `data` with each minishard index re-encoded by `encode(inflated bytes)`
+    and appended at the end, its shard index entry pointing there (the values stay put)."""
+    out = bytearray(data)
+    entries = np.frombuffer(data[:end], "<u8").reshape(-1, 2).copy()
+    for m, (a, b) in enumerate(entries.tolist()):
+        if b > a:
+            packed = encode(gzip.decompress(data[end + a:end + b]))
+            entries[m] = [len(out) - end, len(out) - end + len(packed)]
+            out += packed
+    out[:end] = entries.astype("<u8").tobytes()
+    return bytes(out)
+
+
+def _reference(data: bytes, end: int, m: int, gzipped: bool, limit: int):
+    """Minishard `m` of the shard file `data` as the package's numpy path reads it: its index,
+    or the error it raises."""
+    from xarray_precomputed.format.sharding import decode_gzip, parse_shard_index_entry
+
+    try:
+        if len(data) < end:
+            raise ShardFormatError("short", chunk="x")
+        a, b = parse_shard_index_entry(data[16 * m:16 * m + 16], where="x")
+        if b - a > limit + limit // 1024 + 1024 or end + b > len(data):
+            raise ShardFormatError("range", chunk="x")
+        buf = data[end + a:end + b]
+        if gzipped and a != b:
+            buf = decode_gzip(buf, limit, where="x", what="minishard index")
+        return parse_minishard_index(bytes(buf), end, file_size=None, where="x")
+    except PrecomputedError as e:
+        return e
+
+
+def _locate(path, data, end, gzipped, small, keys, minis):
+    """native.locate_file of `keys` in `minis` from the file `path`, written with `data`: the
+    answer, the groups, their bounds, the sorted keys, found / starts / ends, done."""
+    path.write_bytes(data)
+    order = np.argsort(minis, kind="stable")
+    ordered = minis[order].astype(np.int64)
+    cut = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = np.concatenate(([0], cut, [len(keys)])).astype(np.int64)
+    groups = ordered[bounds[:-1]]
+    skeys = np.ascontiguousarray(keys[order], np.uint64)
+    cols = np.zeros(len(keys), bool), np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    done = np.zeros(len(groups), bool)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        got = native.locate_file(fd, len(data), end, gzipped, small, groups, skeys, bounds, *cols,
+                                 done)
+    finally:
+        os.close(fd)
+    return got, groups, bounds, skeys, cols, done
+
+
+def _check_locate(path, data, end, gzipped, small, keys, minis, limit=1 << 28):
+    """native.locate_file of `keys` in `minis` (the shard file `data`, at `path`): every group
+    it answers is one the numpy path reads without error, with exactly numpy's lookup; returns
+    (groups done, groups left)."""
+    got, groups, bounds, skeys, cols, done = _locate(path, data, end, gzipped, small, keys, minis)
+    assert got == int(done.sum())
+    for j, m in enumerate(groups.tolist()):
+        if not done[j]:
+            continue
+        want = _reference(data, end, m, gzipped, limit)
+        assert not isinstance(want, Exception), (m, want)
+        sel = np.arange(bounds[j], bounds[j + 1])
+        f, s, e = lookup_many({m: want}, skeys[sel], np.full(len(sel), m), native=False)
+        np.testing.assert_array_equal(cols[0][sel], f)
+        np.testing.assert_array_equal(cols[1][sel], s)
+        np.testing.assert_array_equal(cols[2][sel], e)
+    return int(done.sum()), int((~done).sum())
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "raw"])
+def test_locate_equals_the_numpy_path_on_indices_other_writers_wrote(sets, encoding, tmp_path):
+    paths, truth = sets
+    rng = np.random.default_rng(3)
+    answered = 0
+    for name in ("sk", "ts"):
+        for shard, spec in _index_files(paths[name]):
+            data = shard.read_bytes()
+            end = 16 << spec["minishard_bits"]
+            if encoding == "raw":
+                data = _relaid(data, end, lambda b: b)
+            indices = [_reference(data, end, m, encoding == "gzip", 1 << 28)
+                       for m in range(1 << spec["minishard_bits"])]
+            known = np.concatenate([ix.ids for ix in indices] + [np.zeros(1, np.uint64)])
+            keys = np.concatenate([rng.choice(known, 300), rng.integers(0, 1 << 40, 50).astype(np.uint64)])
+            minis = rng.integers(0, len(indices), len(keys))
+            for i in range(200):  # most known keys asked in their own minishard
+                hit = [m for m, ix in enumerate(indices) if keys[i] in ix.ids]
+                minis[i] = hit[0] if hit else minis[i]
+            largest = max(24 * len(ix.ids) for ix in indices)
+            done, left = _check_locate(tmp_path / "shard", data, end, encoding == "gzip",
+                                       largest, keys, minis)
+            assert left == 0
+            answered += done
+            # a bound below an index's size leaves that index to the caller
+            done, left = _check_locate(tmp_path / "shard", data, end, encoding == "gzip", 24,
+                                       keys, minis)
+            assert left > 0
+    assert answered > 50
+
+
+def test_locate_file_declines_arguments_of_another_form(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(64))
+    keys = np.arange(4, dtype=np.uint64)
+    minis = np.zeros(1, np.int64)
+    cuts = np.array([0, 4], np.int64)
+    cols = np.zeros(4, bool), np.zeros(4, np.int64), np.zeros(4, np.int64)
+    done = np.zeros(1, bool)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        assert native.locate_file(fd, 64, 32, True, 100, minis, keys, cuts, *cols, done) == 1
+        assert done.all() and not cols[0].any()  # an empty index
+        bad = [
+            (-1, 64, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, -1, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 1 << 61, 32, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 64, 33, True, 100, minis, keys, cuts, *cols, done),  # index_end not entries
+            (fd, 64, -16, True, 100, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, -1, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, 1 << 40, minis, keys, cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis.astype(np.int32), keys, cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis, keys.astype(np.int64), cuts, *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, np.array([0, 3], np.int64), *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, np.array([0, 4, 4], np.int64), *cols, done),
+            (fd, 64, 32, True, 100, minis, keys, cuts, cols[0][:3], cols[1], cols[2], done),
+            (fd, 64, 32, True, 100, minis, keys, cuts, *cols, np.zeros(2, bool)),
+            (fd, 64, 32, True, 100, minis, keys[::2], np.array([0, 2], np.int64), *cols, done),
+        ]
+        for args in bad:
+            assert native.locate_file(*args) == -1
+        ro = np.zeros(1, bool)
+        ro.flags.writeable = False
+        assert native.locate_file(fd, 64, 32, True, 100, minis, keys, cuts, *cols, ro) == -1
+        # minishards outside the shard index, a file (or size) shorter than it: left to the caller
+        for m, size in ((2, 64), (-1, 64), (0, 20)):
+            done[:] = True
+            assert native.locate_file(fd, size, 32, True, 100, np.array([m], np.int64), keys, cuts,
+                                      *cols, done) == 0
+            assert not done.any()
+    finally:
+        os.close(fd)
+
+
+def test_fuzz_locate_against_the_numpy_path(sets, tmp_path):
+    """Shard files with their shard index entries, gzip members (stream, header, trailer) or
+    raw indices mutated: every group locate answers is read identically, without error, by the
+    numpy path; what numpy refuses is always left to it."""
+    paths, _ = sets
+    rng = np.random.default_rng(41)
+    shard, spec = next(_index_files(paths["ts"]))
+    base = shard.read_bytes()
+    end = 16 << spec["minishard_bits"]
+    raw_base = _relaid(base, end, lambda b: b)
+    count = 1 << spec["minishard_bits"]
+    known = np.concatenate([_reference(base, end, m, True, 1 << 28).ids for m in range(count)])
+    done_total = left_total = 0
+    for case in range(600):
+        gzipped = case % 3 != 0
+        data = bytearray(base if gzipped else raw_base)
+        entries = np.frombuffer(bytes(data[:end]), "<u8").reshape(-1, 2)
+        for _ in range(int(rng.integers(1, 4))):
+            op = int(rng.integers(0, 5))
+            m = int(rng.integers(0, count))
+            a, b = end + int(entries[m, 0]), end + int(entries[m, 1])
+            if not a <= b <= len(data):
+                a = b = 0
+            if op == 0:  # a shard index word set to a boundary value
+                at = 16 * m + 8 * int(rng.integers(0, 2))
+                data[at:at + 8] = int(INTERESTING[int(rng.integers(0, len(INTERESTING)))] %
+                                      (1 << 64)).to_bytes(8, "little")
+            elif op == 1 and b > a:  # a byte of the index (stream, header or trailer) flipped
+                data[int(rng.integers(a, b))] ^= 1 << int(rng.integers(0, 8))
+            elif op == 2 and b > a:  # the index's last bytes, or its header, damaged
+                k = int(rng.integers(1, 9))
+                at = b - k if rng.random() < 0.5 else a + int(rng.integers(0, 10))
+                data[at:at + 1] = bytes([int(rng.integers(0, 256))])
+            elif op == 3:  # the file cut
+                data = data[:int(rng.integers(0, len(data) + 1))]
+            else:  # the entry moved by a few bytes
+                shift = int(rng.integers(-30, 30))
+                at = 16 * m + 8 * int(rng.integers(0, 2))
+                word = int.from_bytes(bytes(data[at:at + 8]), "little") + shift
+                data[at:at + 8] = (word % (1 << 64)).to_bytes(8, "little")
+            entries = np.frombuffer(bytes(data[:end]) if len(data) >= end else bytes(end), "<u8"
+                                    ).reshape(-1, 2)
+        keys = np.concatenate([rng.choice(known, 60), rng.integers(0, 1 << 40, 10).astype(np.uint64)])
+        minis = rng.integers(0, count, len(keys))
+        small = int(rng.choice([24 * 30, shard_files.SMALL_INDEX_BYTES]))
+        done, left = _check_locate(tmp_path / "shard", bytes(data), end, gzipped, small, keys,
+                                   minis)
+        done_total += done
+        left_total += left
+    assert done_total > 1000 and left_total > 100, (done_total, left_total)
+
+
+def test_read_ranges_reads_each_range_and_declines_arguments_of_another_form(tmp_path):
+    path = tmp_path / "f"
+    data = bytes(range(256)) * 40
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:  # each range where asked, a short file shows as fewer ranges read
+        rng = np.random.default_rng(4)
+        offsets = rng.integers(0, len(data), 50).astype(np.int64)
+        lengths = rng.integers(0, 300, 50).astype(np.int64)
+        lengths = np.minimum(lengths, len(data) - offsets)
+        dests = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        out = np.zeros(int(lengths.sum()), np.uint8)
+        assert native.read_ranges(fd, offsets, lengths, out, dests) == 50
+        want = b"".join(data[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist()))
+        assert out.tobytes() == want
+        past = np.array([0, len(data) - 10, 5], np.int64)
+        assert native.read_ranges(fd, past, np.array([10, 20, 5], np.int64), np.zeros(35, np.uint8),
+                                  np.array([0, 10, 30], np.int64)) == 1
+        for args in [(offsets, lengths, out[:-1], dests),  # out cannot hold them
+                     (offsets, lengths, out, dests - 1),
+                     (-offsets - 1, lengths, out, dests),
+                     (offsets, -lengths - 1, out, dests),
+                     (offsets.astype(np.int32), lengths, out, dests),
+                     (offsets, lengths[:-1], out, dests),
+                     (offsets, lengths, out.astype(np.int8), dests)]:
+            assert native.read_ranges(fd, *args) == -1
+        ro = out.copy()
+        ro.flags.writeable = False
+        assert native.read_ranges(fd, offsets, lengths, ro, dests) == -1
+        assert native.read_ranges(-1, offsets, lengths, out, dests) == -1
+    finally:
+        os.close(fd)
+    closed = os.open(path, os.O_RDONLY)
+    os.close(closed)  # a descriptor no longer open: the OS error, not a crash
+    with pytest.raises(OSError):
+        native.read_ranges(closed, offsets[:1], np.array([5], np.int64), np.zeros(5, np.uint8),
+                           np.zeros(1, np.int64))

@@ -94,8 +94,10 @@ def test_damaged_gzip_value_names_its_shard_and_key(sets, tmp_path, monkeypatch,
     ann = xp.Annotations.open(str(path))
     victim = int(truth.ids[5])
     kv = ann.source.index(ann.source.info.by_id)
-    got = kv.get_located(np.array([victim], np.uint64), inflate=False)
-    off, length = int(got.rows[0, 1]), int(got.rows[0, 2])
+    shard_no, mini = (int(x[0]) for x in kv.locate(np.array([victim], np.uint64)))
+    index = kv.shards.minishard_indices(shard_no, [mini])[mini]  # where the value lies in the file
+    _, first, last = index.lookup(np.array([victim], np.uint64))
+    off, length = int(first[0]), int(last[0] - first[0])
     data = bytearray(shard.read_bytes())
     data[off + 12:off + length - 8] = b"\xff" * (length - 20)  # the deflate stream, not the trailer
     shard.write_bytes(bytes(data))

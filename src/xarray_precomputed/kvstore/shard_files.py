@@ -143,6 +143,17 @@ class ShardReader:
             self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
         return view
 
+    def opened(self, shard: int) -> tuple[int, int] | None:
+        """A read-only descriptor of the `.shard` file and its size, for the caller to read and
+        close (`Store.open_file`: a local plain file, as `mapped`); None where there is none to
+        open so (absent, compressed, the obsolete pair, a remote store): read through the store."""
+        if self.shard_form_cache.get(self._cache_key("form", shard)) not in (None, "shard"):
+            return None
+        got = self.store.open_file(self._key(shard_filename(shard, self.spec)))
+        if got is not None:
+            self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
+        return got
+
     def absent_names(self, shard: int) -> list[str] | None:
         """The names looked for, when the shard was found to have no file; else None."""
         if self.shard_form_cache.get(self._cache_key("form", shard)) != _ABSENT:
@@ -560,6 +571,18 @@ def lookup_many(indices, chunk_ids: np.ndarray, minishards: np.ndarray, *, nativ
         starts[a:b] = index.starts[pos]
         ends[a:b] = index.ends[pos]
     return _unsort(order, found, starts, ends)
+
+
+def shard_native():
+    """The minishard extension, or None (unbuilt, or the numpy path forced)."""
+    return _native
+
+
+def range_positions(firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+    """The positions [firsts[i], lasts[i]) of every i, in order."""
+    lengths = np.asarray(lasts, np.int64) - firsts
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(firsts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _unsort(order, found, starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

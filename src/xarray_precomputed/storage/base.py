@@ -187,6 +187,13 @@ class Store(ABC):
         """The names looked for when `key` reads as absent (for messages)."""
         return [key]
 
+    def open_file(self, key: str) -> tuple[int, int] | None:
+        """A read-only descriptor of the plain file holding `key` and its size, for a caller
+        that reads many small ranges of it with the GIL released (a read each costs less than
+        a page fault each of `map`); the caller closes it. None where the store has no such
+        file (absent, compressed, remote): read through the store."""
+        return None
+
     def map(self, key: str) -> memoryview | None:
         """The stored bytes of `key` mapped into memory, read-only, where the store can (a local
         plain file): a reader of many small values spread over a large object then touches the

@@ -369,6 +369,18 @@ class LocalStore(Store):
         self.count("read")
         return memoryview(mapping)
 
+    def open_file(self, key: str) -> tuple[int, int] | None:
+        # plain files only, as map
+        folder = key.rpartition("/")[0]
+        if self._forms.get(folder) not in ("", None):
+            return None
+        got = self._open(key)
+        if got is None:
+            return None
+        self.found_plain(folder)
+        self.count("read")
+        return got
+
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
         found = self._locate(key)
         if found is None:
