@@ -32,11 +32,6 @@ class KeyValue(ABC):
         stores gzip-compressed come as they are (`Located.gzip`)."""
         return located(self.get_many(keys))
 
-    def get_few(self, keys: list[int]) -> Located | None:
-        """`get_located(keys, inflate=False)` for a few keys given as Python ints, where a layout
-        answers them faster so (a crop's chunks); None: ask `get_located`."""
-        return None
-
     def files(self, keys: np.ndarray) -> FileRun | None:
         """The values of `keys` as local files for a C reader (`Store.files`), where each key
         is a file of its own; else None."""

@@ -136,22 +136,23 @@ class ShardReader:
         copied the whole file (10^4 records of a 50 MB shard: 30 ms against 4). None where there
         is no `.shard` file to map (absent, compressed, the obsolete pair, a remote store): the
         caller reads through the store."""
-        if self.shard_form_cache.get(self._cache_key("form", shard)) not in (None, "shard"):
-            return None
-        view = self.store.map(self._key(shard_filename(shard, self.spec)))
-        if view is not None:
-            self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
-        return view
+        return self._shard_file(shard, self.store.map)
 
     def opened(self, shard: int) -> tuple[int, int] | None:
         """A read-only descriptor of the `.shard` file and its size, for the caller to read and
         close (`Store.open_file`: a local plain file, as `mapped`); None where there is none to
         open so (absent, compressed, the obsolete pair, a remote store): read through the store."""
-        if self.shard_form_cache.get(self._cache_key("form", shard)) not in (None, "shard"):
+        return self._shard_file(shard, self.store.open_file)
+
+    def _shard_file(self, shard: int, how):
+        """`how(key)` of the `.shard` file (`Store.map`, `Store.open_file`), unless the shard is
+        known to have another form; a file found so is its form."""
+        ck = self._cache_key("form", shard)
+        if self.shard_form_cache.get(ck) not in (None, "shard"):
             return None
-        got = self.store.open_file(self._key(shard_filename(shard, self.spec)))
+        got = how(self._key(shard_filename(shard, self.spec)))
         if got is not None:
-            self.shard_form_cache.put(self._cache_key("form", shard), "shard", 64)
+            self.shard_form_cache.put(ck, "shard", 64)
         return got
 
     def absent_names(self, shard: int) -> list[str] | None:

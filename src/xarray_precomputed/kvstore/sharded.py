@@ -110,7 +110,11 @@ class ShardedKeyValue(KeyValue):
         rows = np.zeros((n, 4), np.int64)
         rows[:, 0] = ABSENT
         sources: list = []
-        if n:
+        if 0 < n <= LOOKUP_ONE_BY_ONE and not self.map_files and not self.store.batches_reads:
+            # a crop's few keys: Python ints throughout (numpy's calls on arrays of a few rows
+            # were a fifth of a random 64^3 crop of a sharded segmentation)
+            sources, rows = self._located_few(keys.tolist())
+        elif n:
             shards, minis = self.locate(keys)
             mapped = self._located_mapped(keys, shards, minis) if self.map_files and not whole \
                 else None
@@ -129,13 +133,8 @@ class ShardedKeyValue(KeyValue):
                                  what="chunk data")
         return located(out)
 
-    def get_few(self, keys: list[int]) -> Located | None:
-        """`get_located(keys, inflate=False)` for a crop's few keys (Python ints) from a local
-        store, with Python ints throughout: numpy's calls on arrays of a few rows were a fifth of
-        a random 64^3 crop of a sharded segmentation. None where this does not apply (a remote
-        or mapping store: the caller takes `get_located`)."""
-        if self.store.batches_reads or self.map_files:
-            return None
+    def _located_few(self, keys: list[int]) -> tuple[list, np.ndarray]:
+        """`get_located`'s sources and rows for a few keys of a local store, in Python ints."""
         reader = self.shards
         spec = self.spec
         by_shard: dict[int, list[tuple[int, int, int]]] = {}  # shard: (position, key, minishard)
@@ -158,7 +157,7 @@ class ShardedKeyValue(KeyValue):
             if not found:
                 continue
             found.sort()
-            # the values merged into runs of the file, as get_located does
+            # the values merged into runs of the file, as `_located_in_shard` merges them
             runs: list[list] = []
             for a, b, j in found:
                 if runs and a <= runs[-1][1] + LOCAL_COALESCE_GAP:
@@ -175,8 +174,7 @@ class ShardedKeyValue(KeyValue):
                         raise self._past_end(shard, keys[j], a, b)
                     rows[j] = [len(sources), a - start, b - a, b - a]
                 sources.append(buf)
-        return Located(sources, np.array(rows, np.int64).reshape(-1, 4),
-                       self.spec.data_encoding == "gzip")
+        return sources, np.array(rows, np.int64).reshape(-1, 4)
 
     def _too_large(self, key: int, a: int, b: int) -> ShardFormatError:
         return ShardFormatError(

@@ -774,9 +774,7 @@ def _read_shard_values(reader: ScaleReader, out: np.ndarray, zeroed: bool, strea
                        mapping: tuple | None, cells: list, geom: list, keys: list[int]) -> bool:
     """`_read_small_box` of a sharded scale."""
     scale = _scale(reader)
-    got = reader.kv.get_few(keys)
-    if got is None:
-        return False
+    got = reader.kv.get_located(np.array(keys, np.uint64), inflate=False)
     rows = got.rows.tolist()
     sources: list | None = got.sources
     src = got.rows[:, :3]
