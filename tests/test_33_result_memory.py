@@ -5,9 +5,11 @@ still match TensorStore."""
 from __future__ import annotations
 
 import mmap
+import sys
 import threading
 
 import numpy as np
+import pytest
 from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Volume
@@ -164,3 +166,28 @@ def test_a_forked_child_reuses_copies_not_the_parents_memory():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert (c == 9).all()
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's VmFlags of the mapping holding `address` in this process."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+def test_buffers_of_a_dask_block_ask_for_huge_pages():
+    # numpy advises huge pages from 4 MiB; a block from the pool must too, or it is faulted in
+    # 4 KiB at a time (em .values through dask: twice numpy's page faults)
+    pool = ResultMemory()
+    big = pool.empty((128, 128, 256, 1), np.uint8)
+    small = pool.empty((64, 64, 128, 1), np.uint8)   # 512 KiB
+    assert pool.created == 2
+    assert "hg" in _vm_flags(big.ctypes.data)
+    assert "hg" not in _vm_flags(small.ctypes.data)

@@ -40,8 +40,8 @@ from .selection import (
     voxel_selection,
 )
 
-# Results at least this large are "large": allocated without huge pages, line-aligned, and written
-# by codecs with streaming (non-temporal) stores.
+# Results at least this large are "large": fresh zeroed pages with huge-page advice, line-aligned,
+# and written by codecs with streaming (non-temporal) stores.
 LARGE_RESULT_BYTES = 32 << 20
 # Results at least this large, from reused memory too, are written with streaming stores by the
 # codecs that ask for it (`Codec.streams_blocks`): a 16 MiB dask block (seg's default, 128^3
