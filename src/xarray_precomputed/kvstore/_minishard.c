@@ -85,6 +85,8 @@
 #include <zlib.h>
 #endif
 
+#include "../storage/pread_all.h"
+
 #define BIG ((uint64_t)1 << 62)       /* an offset delta or size no index holds */
 #define PAST ((uint64_t)1 << 60)      /* data past this defers to the numpy parser */
 #define MAX_RATIO 1040                /* format/sharding.py MAX_DEFLATE_RATIO */
@@ -501,48 +503,21 @@ static inline size_t search(const uint64_t *ids, size_t size, uint64_t key)
     return lo == size ? size - 1 : lo;
 }
 
-/* Up to n bytes of the file `fd` from `off` into buf, retried until the end of the file: the
- * bytes read, or -1 on an error. */
+/* Up to n bytes of the file `fd` from `off` into buf: the bytes read (fewer only where the file
+ * ends), or -1 on an error. */
 static int64_t read_at(int fd, unsigned char *buf, uint64_t n, uint64_t off)
 {
-    uint64_t got = 0;
+    unsigned long oserr = 0;
     if (off > ((uint64_t)1 << 62) || n > ((uint64_t)1 << 62))
         return -1;
 #ifdef _WIN32
     HANDLE h = (HANDLE)_get_osfhandle(fd);
     if (h == INVALID_HANDLE_VALUE)
         return -1;
-    while (got < n) {
-        OVERLAPPED ov;
-        memset(&ov, 0, sizeof ov);
-        uint64_t at = off + got;
-        ov.Offset = (DWORD)(at & 0xFFFFFFFFu);
-        ov.OffsetHigh = (DWORD)(at >> 32);
-        DWORD want = (DWORD)(n - got > 0x40000000u ? 0x40000000u : n - got), did = 0;
-        if (!ReadFile(h, buf + got, want, &did, &ov)) {
-            if (GetLastError() == ERROR_HANDLE_EOF)
-                break;
-            return -1;
-        }
-        if (did == 0)
-            break;
-        got += did;
-    }
 #else
-    while (got < n) {
-        uint64_t want = n - got > 0x40000000u ? 0x40000000u : n - got;
-        ssize_t r = pread(fd, buf + got, (size_t)want, (off_t)(off + got));
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (r == 0)
-            break;
-        got += (uint64_t)r;
-    }
+    int h = fd;
 #endif
-    return (int64_t)got;
+    return xp_pread_all(h, (char *)buf, (long long)n, (long long)off, &oserr);
 }
 
 typedef struct {

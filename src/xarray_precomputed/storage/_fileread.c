@@ -31,6 +31,8 @@
 #endif
 #endif
 
+#include "pread_all.h"
+
 #ifdef _WIN32
 /* The errno a Win32 error corresponds to, for the cases read_file distinguishes. */
 static int errno_of(DWORD e)
@@ -233,24 +235,10 @@ static long long rf_size(rf_file h, int *err)
 }
 static long long rf_pread(rf_file h, char *buf, long long len, long long off, int *err)
 {
-    long long got = 0;
-    while (got < len) {
-        OVERLAPPED ov;
-        memset(&ov, 0, sizeof ov);
-        ov.Offset = (DWORD)((off + got) & 0xFFFFFFFF);
-        ov.OffsetHigh = (DWORD)((off + got) >> 32);
-        DWORD want = len - got > 0x40000000 ? 0x40000000 : (DWORD)(len - got), n = 0;
-        if (!ReadFile(h, buf + got, want, &n, &ov)) {
-            DWORD e = GetLastError();
-            if (e == ERROR_HANDLE_EOF)
-                break;
-            *err = errno_of(e);
-            return -1;
-        }
-        if (n == 0)
-            break;
-        got += n;
-    }
+    unsigned long e = 0;
+    long long got = xp_pread_all(h, buf, len, off, &e);
+    if (got < 0)
+        *err = errno_of((DWORD)e);
     return got;
 }
 static void rf_close(rf_file h) { CloseHandle(h); }
@@ -291,21 +279,10 @@ static long long rf_size(rf_file fd, int *err)
 }
 static long long rf_pread(rf_file fd, char *buf, long long len, long long off, int *err)
 {
-    long long got = 0;
-    while (got < len) {
-        long long left = len - got;
-        ssize_t n = pread(fd, buf + got, (size_t)(left > 0x40000000 ? 0x40000000 : left),
-                          (off_t)(off + got));
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            *err = errno;
-            return -1;
-        }
-        if (n == 0)
-            break;
-        got += n;
-    }
+    unsigned long e = 0;
+    long long got = xp_pread_all(fd, buf, len, off, &e);
+    if (got < 0)
+        *err = (int)e;
     return got;
 }
 static void rf_close(rf_file fd) { close(fd); }
