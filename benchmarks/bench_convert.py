@@ -35,6 +35,8 @@ sys.path.insert(0, str(HERE))
 
 
 def worker(tool: str, src: str, dst: str) -> dict:
+    from run import _rss_mb as peak_mib  # this process's own peak (ru_maxrss has its parent's)
+
     if tool == "ours":   # imports excluded from the timing, as for TensorStore
         import dask.array  # noqa: F401
         import dask.threaded  # noqa: F401
@@ -71,7 +73,7 @@ def worker(tool: str, src: str, dst: str) -> dict:
         nbytes = view.dtype.numpy_dtype.itemsize * int(view.size)
     dt = time.perf_counter() - t0
     cpu = _cpu() - cpu0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0
+    peak = peak_mib() - rss0
     stored = sum(f.stat().st_size for f in Path(dst).rglob("*") if f.is_file()
                  and "/c/" in str(f))
     return {"seconds": dt, "cpu": cpu, "peak_mib": peak, "bytes": nbytes, "stored": stored}
