@@ -10,6 +10,7 @@ sharded (gzip) in 64^3 chunks, `img` uint8 raw in 128x128x32 chunk files; `--sca
 gives the 2 GiB and 1 GiB volumes, 1024 and 2048 chunks.
 
     python benchmarks/gil_per_chunk.py [--scale 2] [--reads 20] [--work /tmp/xp-gil]
+                                       [--decode-threads N]
 
 Needs py-spy (`pip install py-spy`; root or ptrace rights) and tensorstore.
 """
@@ -94,19 +95,23 @@ def build(work: Path, scale: int) -> dict[str, Path]:
 
 
 READS = {
-    "values": "(v,) = xr.open_dataset({path!r}, engine='precomputed').data_vars.values()\n"
+    "values": "(v,) = xr.open_dataset({path!r}, engine='precomputed'{context}).data_vars.values()\n"
               "    return v.values",
-    "dask-max": "(v,) = xr.open_dataset({path!r}, engine='precomputed', chunks={{}}).data_vars.values()\n"
+    "dask-max": "(v,) = xr.open_dataset({path!r}, engine='precomputed', chunks={{}}{context})"
+                ".data_vars.values()\n"
                 "    return v.max().compute()",
 }
 
 
 def measure(python: str, pyspy: str, volume: Path, reads: int,
-            how: str = "values") -> tuple[float, int, float]:
+            how: str = "values", decode_threads: int | None = None) -> tuple[float, int, float]:
     """(us of GIL held per chunk, chunks per read, seconds held outside any Python frame) over
     `reads` reads of `volume`: `.values`, or with `how="dask-max"` `chunks={}` then `.max()`
-    (dask's threaded scheduler: its own Python per task counts too)."""
-    body = READS[how].format(path=str(volume))
+    (dask's threaded scheduler: its own Python per task counts too). `decode_threads`: the reads'
+    context has that many (a read is then split as on a machine with that many cores)."""
+    context = (f", context=xarray_precomputed.Context(decode_threads={decode_threads})"
+               if decode_threads else "")
+    body = READS[how].format(path=str(volume), context=context)
     prog = f"""
 import warnings; warnings.filterwarnings('ignore')
 import xarray as xr, xarray_precomputed, numpy as np, dask.array
@@ -161,13 +166,17 @@ def main() -> None:
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "xp-gil"))
     ap.add_argument("--how", choices=sorted(READS), action="append",
                     help="what a read is (default: values; repeat for several)")
+    ap.add_argument("--decode-threads", type=int,
+                    help="decode threads of the reads' context (default: this machine's)")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     paths = build(Path(args.work), args.scale)
-    print(f"{os.cpu_count()} cores; {args.reads} reads of each volume under py-spy --gil")
+    threads = f", {args.decode_threads} decode threads" if args.decode_threads else ""
+    print(f"{os.cpu_count()} cores{threads}; {args.reads} reads of each volume under py-spy --gil")
     for how in args.how or ["values"]:
         for name, path in paths.items():
-            us, chunks, frameless = measure(sys.executable, pyspy, path, args.reads, how)
+            us, chunks, frameless = measure(sys.executable, pyspy, path, args.reads, how,
+                                            args.decode_threads)
             print(f"{name} {how}: {chunks} chunks, {us:.1f} us of GIL per chunk (open_dataset "
                   f"and the read; {frameless:.2f} s held outside Python frames left out)",
                   flush=True)
