@@ -665,6 +665,19 @@ def _script_table(script: str, rounds: int, *extra: str) -> str:
     return "\n".join(line for line in out.stdout.splitlines() if line.startswith("|"))
 
 
+def page_reporting() -> str:
+    """", paused" where this (virtual) machine's free page reporting is paused, ", page reporting"
+    where it runs: a guest that reports freed pages to its host faults them in again from the
+    host, and a first touch of fresh memory then costs up to 15x as much, at random (the 2-core
+    VM: docs/benchmarks.md, Machines). Empty where the kernel has none."""
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+            order = int(f.read())
+    except (OSError, ValueError):
+        return ""
+    return ", paused" if order > 10 else ", page reporting"   # orders above the buddy's largest
+
+
 def write_docs(results, rounds: int, tables: dict | None = None, load=None,
                only: str | None = None) -> None:
     """Replace, in docs/benchmarks.md, the table of each workload this run measured (between its
@@ -675,8 +688,8 @@ def write_docs(results, rounds: int, tables: dict | None = None, load=None,
     what = f" --only {only}" if only else ""
     seen = f"; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" if load else ""
     stamp = (f"*{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}: `python benchmarks/run.py --rounds {rounds}{what}`, "
-             f"medians{seen}.*")
+             f"{platform.python_version()}{page_reporting()}: `python benchmarks/run.py --rounds "
+             f"{rounds}{what}`, medians{seen}.*")
     produced = {w: report({k: v for k, v in results.items() if k[0] == w}).split("\n", 2)[2].strip()
                 for w in {k[0] for k in results}}
     produced.update(tables or {})
