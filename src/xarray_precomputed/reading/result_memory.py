@@ -110,9 +110,10 @@ class ResultMemory:
                 if self._held + size > self.max_bytes:
                     return None
             # private: a forked child gets copies, not the parent's memory to reuse beside it
-            entry = [mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), True]
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
             if size >= HUGE_BYTES and _HUGEPAGE is not None:
-                entry[0].madvise(_HUGEPAGE)
+                mapping.madvise(_HUGEPAGE)
+            entry = [mapping, True]
             same.append(entry)
             self._held += size
             self.created += 1
