@@ -46,3 +46,23 @@ def errors_both_ways(monkeypatch, owner, limit: str, most: int, read, error) -> 
                 read(order)
             messages.append(str(e.value))
     return messages
+
+
+def absent_both_ways(monkeypatch, owner, limit: str, most: int, path, box, order) -> list:
+    """A box with absent chunks read with the one pass taking boxes of up to `most` chunks
+    (`owner.limit`), then none: per way, (what it reads, the chunks counted missing, the
+    `MissingChunkError` it raises with `fill_missing=False`)."""
+    import pytest
+
+    from xarray_precomputed import MissingCount, Volume
+    from xarray_precomputed.errors import MissingChunkError
+
+    ways = []
+    for cells in (most, 0):
+        monkeypatch.setattr(owner, limit, cells)
+        count = MissingCount()
+        got = Volume.open(str(path), missing_count=count).scale(0).read(box, order=order)
+        with pytest.raises(MissingChunkError) as e:
+            Volume.open(str(path), fill_missing=False).scale(0).read(box, order=order)
+        ways.append((got, count.chunks, str(e.value)))
+    return ways

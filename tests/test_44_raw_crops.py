@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from crop_boxes import alignment_boxes, errors_both_ways, record_taken
+from crop_boxes import absent_both_ways, alignment_boxes, errors_both_ways, record_taken
 from oracle import make_data, ts_open, write_volume
 
 from xarray_precomputed import Volume
@@ -107,15 +107,11 @@ def test_an_absent_chunk_reads_as_zero_or_is_named(tmp_path, monkeypatch, order)
     truth = np.asarray(ts_open(path).read().result())  # TensorStore fills it with 0
     assert not truth[5:10, 4:8, 3:6].any() and truth.any()
     taken = record_taken(monkeypatch, batched, "_read_small_raw")
-    for cells in (batched.SMALL_RAW_CELLS, 0):
-        monkeypatch.setattr(batched, "SMALL_RAW_CELLS", cells)
-        count = MissingCount()
-        got = Volume.open(str(path), missing_count=count).scale(0).read(BOX, order=order)
+    for got, missing, message in absent_both_ways(monkeypatch, batched, "SMALL_RAW_CELLS",
+                                                  batched.SMALL_RAW_CELLS, path, BOX, order):
         np.testing.assert_array_equal(got, truth[BOX])
-        assert count.chunks == 1
-        with pytest.raises(MissingChunkError) as e:
-            Volume.open(str(path), fill_missing=False).scale(0).read(BOX, order=order)
-        assert "5-10_4-8_3-6" in str(e.value) and "grid cell (1, 1, 1)" in str(e.value)
+        assert missing == 1
+        assert "5-10_4-8_3-6" in message and "grid cell (1, 1, 1)" in message
     assert taken == [True, True, False, False]
 
 

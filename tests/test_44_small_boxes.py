@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
-from crop_boxes import alignment_boxes, errors_both_ways, record_taken
+from crop_boxes import absent_both_ways, alignment_boxes, errors_both_ways, record_taken
 from oracle import (
     SHARD_ID_RAW_GZIP,
     SHARD_ID_RAW_RAW,
@@ -21,9 +21,8 @@ from oracle import (
 
 import xarray_precomputed as xp
 from xarray_precomputed import Volume
-from xarray_precomputed.errors import CorruptChunkError, MissingChunkError, ShardFormatError
+from xarray_precomputed.errors import CorruptChunkError, ShardFormatError
 from xarray_precomputed.reading import batched
-from xarray_precomputed.reading.missing import MissingCount
 
 SIZE = (21, 18, 13)
 CHUNK = (6, 5, 4)  # a 4 x 4 x 4 grid, every axis ending in a partial chunk
@@ -154,16 +153,11 @@ def test_an_absent_chunk_reads_as_zero_or_is_named(tmp_path, monkeypatch, order,
     """Absent values and absent chunk files are settled as the general path settles them."""
     path, truth = _absent_layout(tmp_path, name)
     taken = record_taken(monkeypatch, batched, "_read_small_box")
-    messages = []
-    for cells in (8, 0):
-        monkeypatch.setattr(batched, "SMALL_BOX_CELLS", cells)
-        count = MissingCount()
-        got = Volume.open(str(path), missing_count=count).scale(0).read(BOX, order=order)
+    ways = absent_both_ways(monkeypatch, batched, "SMALL_BOX_CELLS", 8, path, BOX, order)
+    for got, missing, _ in ways:
         np.testing.assert_array_equal(got, truth[BOX])
-        assert count.chunks == 4
-        with pytest.raises(MissingChunkError) as e:
-            Volume.open(str(path), fill_missing=False).scale(0).read(BOX, order=order)
-        messages.append(str(e.value))
+        assert missing == 4
+    messages = [message for _, _, message in ways]
     assert taken == [True, True, False, False]
     # each names an absent chunk (which one first depends on the order of reading)
     assert all("grid cell (2, " in m and "is missing" in m for m in messages), messages
