@@ -18,6 +18,14 @@ from xarray_precomputed.reading.result_memory import OFFSET, SCAN, ResultMemory
 SHAPE = (64, 64, 64, 1)   # 256 KiB of uint8
 
 
+def _numpys(a: np.ndarray) -> bool:
+    """Whether `a`'s memory is numpy's own, not one of a pool's mappings (which end in the
+    ctypes owner of a hand-out)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.base is None and a.flags.owndata
+
+
 def test_reused_only_after_every_view_is_gone():
     pool = ResultMemory(max_bytes=4 << 20)
     a = pool.empty(SHAPE, np.uint8, order="F")
@@ -42,7 +50,9 @@ def test_small_results_and_the_bound_fall_back_to_numpy():
     assert pool.created == 0 and small.base is None
     held = [pool.empty(SHAPE, np.uint8) for _ in range(6)]
     assert pool.created == 4 and pool.held_bytes == 4 * per
-    assert all(h.base is None for h in held[4:])
+    # past the bound: numpy's memory, still starting on a 64-byte line
+    assert not any(_numpys(h) for h in held[:4])
+    assert all(_numpys(h) and h.ctypes.data % 64 == 0 for h in held[4:])
     assert all(h.ctypes.data % mmap.PAGESIZE == OFFSET for h in held[:4])
     # a free buffer of another size is unmapped to make room for a new size
     del held
@@ -72,7 +82,7 @@ def test_a_full_pool_finds_its_one_free_buffer_within_a_sweep():
             if a.ctypes.data == freed:
                 break
         assert got[-1].ctypes.data == freed and pool.reused == k + 1
-        assert all(g.base is None for g in got[:-1])   # numpy's, not a pool buffer in use
+        assert all(_numpys(g) for g in got[:-1])   # not a pool buffer in use
         held[gone] = got[-1]
         tries.append(len(got))
     assert pool.created == n
@@ -179,6 +189,20 @@ def _vm_flags(address: int) -> list[str]:
         elif inside and head == "VmFlags:":
             return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_blocks_beyond_the_pool_start_on_a_line_for_streaming_stores(order):
+    # a .values through dask keeps every block until it joins them; the blocks past the pool's
+    # bound must still let the decoders stream whole lines (numpy's own put them 16 bytes in)
+    pool = ResultMemory(max_bytes=0)
+    blocks = [pool.empty((128, 128, 128, 1), np.uint64, order=order) for _ in range(3)]
+    assert pool.created == 0
+    for b in blocks:
+        assert b.ctypes.data % 64 == 0 and b.flags[f"{order}_CONTIGUOUS"] and b.flags.writeable
+        assert b.shape == (128, 128, 128, 1) and b.dtype == np.uint64
+    blocks[0][...] = 7
+    assert not np.shares_memory(blocks[0], blocks[1]) and (blocks[0] == 7).all()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")

@@ -29,7 +29,7 @@ from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, settle, wait_all
 from .chunk_cache import ChunkCacheLike, read_through
 from .missing import settle_missing
-from .result_memory import ResultMemory
+from .result_memory import ResultMemory, on_a_line
 from .selection import (
     as_index,
     axis_parts,
@@ -121,9 +121,7 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
         return _allocate_small(shape, dtype, order=order), False
     if nbytes <= WORKER_BLOCK_BYTES and in_dask_worker():
         return _allocate_worker_block(shape, dtype, order=order), False
-    raw = np.zeros(nbytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order), True
+    return on_a_line(shape, dtype, order, zeroed=True), True
 
 
 result_memory = ResultMemory()
