@@ -13,7 +13,13 @@ import pytest
 from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Volume
-from xarray_precomputed.reading.result_memory import OFFSET, SCAN, ResultMemory
+from xarray_precomputed.reading.result_memory import (
+    HUGE_PAGE,
+    OFFSET,
+    SCAN,
+    ResultMemory,
+    on_a_line,
+)
 
 SHAPE = (64, 64, 64, 1)   # 256 KiB of uint8
 
@@ -206,12 +212,23 @@ def test_blocks_beyond_the_pool_start_on_a_line_for_streaming_stores(order):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
-def test_buffers_of_a_dask_block_ask_for_huge_pages():
+def test_buffers_of_a_dask_block_ask_for_huge_pages_from_an_aligned_start():
     # numpy advises huge pages from 4 MiB; a block from the pool must too, or it is faulted in
-    # 4 KiB at a time (em .values through dask: twice numpy's page faults)
+    # 4 KiB at a time (em .values through dask: twice numpy's page faults). A huge page backs only
+    # an aligned run inside the advice: the block starts just past an aligned address, so all of
+    # it can be (numpy's start a page past one: half of a 4 MiB block in 4 KiB pages).
     pool = ResultMemory()
     big = pool.empty((128, 128, 256, 1), np.uint8)
     small = pool.empty((64, 64, 128, 1), np.uint8)   # 512 KiB
+    beyond = ResultMemory(max_bytes=0).empty((128, 128, 256, 1), np.uint8)
+    result = on_a_line((256, 256, 256, 1), np.uint16, zeroed=True)
     assert pool.created == 2
-    assert "hg" in _vm_flags(big.ctypes.data)
     assert "hg" not in _vm_flags(small.ctypes.data)
+    for a in (big, beyond, result):
+        assert "hg" in _vm_flags(a.ctypes.data)
+        assert a.ctypes.data % HUGE_PAGE == OFFSET
+        assert "hg" in _vm_flags(a.ctypes.data + a.nbytes - 1 - (a.nbytes - 1) % mmap.PAGESIZE)
+    assert not result.any()
+    big[...] = 3
+    beyond[...] = 4
+    assert (big == 3).all() and (beyond == 4).all() and not np.shares_memory(big, beyond)

@@ -53,6 +53,22 @@ OFFSET = 256
 # 7.8k for the same bytes).
 HUGE_BYTES = 4 << 20
 _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _huge_page_bytes() -> int:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+# A huge page only backs a whole aligned run of this many bytes inside the advised range. The
+# kernel aligns an anonymous mapping only when its length is a multiple of it, and ours (a page
+# more than a block) is not: a 4 MiB em block got one huge page and 512 small ones, a 16 MiB seg
+# block 7 and 512. Mappings of a huge size are made this much longer and used from an aligned
+# address.
+HUGE_PAGE = _huge_page_bytes()
 # Buffers of one size checked for being free per request, at most.
 SCAN = 8
 
@@ -61,7 +77,8 @@ class ResultMemory:
     def __init__(self, max_bytes: int = MAX_BYTES, min_bytes: int = MIN_BYTES) -> None:
         self.max_bytes, self.min_bytes = max_bytes, min_bytes
         self._lock = threading.Lock()
-        # per size, [mapping, in use] pairs; the flag is cleared by the hand-out's finalizer
+        # per size, [mapping, in use, where the buffer starts in it]; the flag is cleared by the
+        # hand-out's finalizer
         self._buffers: dict[int, list[list]] = {}
         self._next: dict[int, int] = {}   # per size, where the next look for a free one starts
         self._held = 0
@@ -85,11 +102,11 @@ class ResultMemory:
             # blocks, kept as dask keeps them: 3.8-4.6 ms a block, 2.7-3.1 on a line; medians of
             # 300, alternating).
             return on_a_line(shape, dtype, order)
-        mapping = entry[0]
+        mapping, _, lead = entry
         owner = (ctypes.c_char * len(mapping)).from_buffer(mapping)
         weakref.finalize(owner, _release, entry)
         return np.frombuffer(owner, dtype, count=count,  # type: ignore[call-overload]
-                             offset=OFFSET).reshape(shape, order=order)
+                             offset=lead + OFFSET).reshape(shape, order=order)
 
     @property
     def held_bytes(self) -> int:
@@ -114,11 +131,8 @@ class ResultMemory:
                 self._evict(self._held + size - self.max_bytes, keep=size)
                 if self._held + size > self.max_bytes:
                     return None
-            # private: a forked child gets copies, not the parent's memory to reuse beside it
-            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-            if size >= HUGE_BYTES and _HUGEPAGE is not None:
-                mapping.madvise(_HUGEPAGE)
-            entry = [mapping, True]
+            mapping, lead = _mapping(size)
+            entry = [mapping, True, lead]
             same.append(entry)
             self._held += size
             self.created += 1
@@ -142,12 +156,38 @@ class ResultMemory:
 
 def on_a_line(shape: tuple[int, ...], dtype, order: str = "C", *,
               zeroed: bool = False) -> np.ndarray:
-    """A new array of numpy's memory that starts on a 64-byte line, as streaming stores want."""
+    """A new array, not from a pool, that starts on a 64-byte line, as streaming stores want.
+    One of a huge size has a mapping of its own, so that huge pages back all of it (numpy's,
+    from glibc, start a page past an aligned address)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if _huge(nbytes):
+        mapping, lead = _mapping(nbytes + OFFSET)   # fresh pages are zero
+        owner = (ctypes.c_char * len(mapping)).from_buffer(mapping)
+        return np.frombuffer(owner, dtype, count=math.prod(shape),  # type: ignore[call-overload]
+                             offset=lead + OFFSET).reshape(shape, order=order)
     raw = (np.zeros if zeroed else np.empty)(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order)
+
+
+def _huge(size: int) -> bool:
+    return _HUGEPAGE is not None and size >= max(HUGE_BYTES, HUGE_PAGE)
+
+
+def _mapping(size: int) -> tuple[mmap.mmap, int]:
+    """A new mapping of at least `size` bytes and where in it they start."""
+    huge = _huge(size)
+    length = size + HUGE_PAGE if huge else size
+    # private: a forked child gets copies, not the parent's memory to reuse beside it (Windows
+    # has no fork, nor the flag)
+    mapping = (mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE) if hasattr(mmap, "MAP_PRIVATE")
+               else mmap.mmap(-1, length))
+    if not huge or _HUGEPAGE is None:
+        return mapping, 0
+    lead = -np.frombuffer(mapping, np.uint8, count=1).ctypes.data % HUGE_PAGE
+    mapping.madvise(_HUGEPAGE, lead, size)
+    return mapping, lead
 
 
 def _renew_lock(pool: ResultMemory | None) -> None:
