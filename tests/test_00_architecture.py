@@ -139,6 +139,7 @@ ALLOWED_OPENS = {
     ("samples.py", "read_bytes"): "the sample cube shipped inside the package (importlib.resources)",
     ("cli.py", "os.open"): "os.devnull, to silence a child's output",
     ("context.py", "open"): "the process's CPU quota, from its cgroup files in /proc and /sys",
+    ("reading/result_memory.py", "open"): "the kernel's transparent huge page size, from /sys",
     ("writing/annotation_spill.py", "open"): "the annotation writer's own temporary spill files",
 }
 # Private members of other modules' objects allowed, each with its reason.
