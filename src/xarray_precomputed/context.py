@@ -395,7 +395,7 @@ class _Process:
         # ~2.5 us (an exception when not), and a thread's answer does not change (a worker's
         # tasks run on its own executor's threads, which run nothing else).
         self._per_thread = threading.local()
-        os.register_at_fork(after_in_child=self._forget)
+        util.after_fork_in_child(self._forget)
 
     def _forget(self) -> None:
         # A child must not use its parent's threads, connections or counters.

@@ -83,13 +83,20 @@ def inflight_keys() -> int:
         return len(_inflight)
 
 
+def after_fork_in_child(fn: Callable[[], object]) -> None:
+    """Runs `fn` in a child this process forks; nothing where processes are not forked
+    (Windows has no `os.register_at_fork`)."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=fn)
+
+
 def _reset_inflight() -> None:
     # A forked child inherits the entries (and locks) of threads that do not exist in it.
     global _inflight_lock, _inflight
     _inflight_lock, _inflight = threading.Lock(), {}
 
 
-os.register_at_fork(after_in_child=_reset_inflight)
+after_fork_in_child(_reset_inflight)
 
 
 @contextmanager
@@ -134,7 +141,7 @@ class ForkSafePool:
         self._lock = threading.Lock()
         # Through a weak reference: a context's pools go with it, and a hook cannot be removed.
         ref = weakref.WeakMethod(self._forget)
-        os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
+        after_fork_in_child(lambda: (m := ref()) and m())
 
     def _forget(self) -> None:
         self._lock = threading.Lock()

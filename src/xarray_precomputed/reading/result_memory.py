@@ -31,12 +31,13 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-import os
 import threading
 import weakref
 from typing import Literal
 
 import numpy as np
+
+from ..util import after_fork_in_child
 
 # Smaller results come from glibc's heap bins, never from a mapping of their own.
 MIN_BYTES = 128 << 10
@@ -85,7 +86,7 @@ class ResultMemory:
         self.reused = self.created = 0
         # a child forked while another thread held the lock would wait on it forever
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _renew_lock(ref()))
+        after_fork_in_child(lambda: _renew_lock(ref()))
 
     def empty(self, shape: tuple[int, ...], dtype, order: Literal["C", "F"] = "C") -> np.ndarray:
         """An uninitialised array, as `np.empty`, on reused memory where there is some."""

@@ -143,7 +143,7 @@ def read_files(paths, buffer, first, spans, dests, limit: int, result) -> None:
                 to, where = buf[used:used + total], used
             got = 0
             for s, k in todo:
-                n_read = _pread_into(fd, to[got:got + k], s)
+                n_read = pread_into(fd, to[got:got + k], s)
                 got += n_read
                 if n_read != k:
                     where = RF_CHANGED
@@ -165,19 +165,29 @@ def _bytes_view(obj) -> memoryview:
     return view.cast("B") if view.nbytes else memoryview(bytearray(0))
 
 
-def _pread_into(fd: int, dst: memoryview, offset: int) -> int:
+def pread_into(fd: int, dst: memoryview, offset: int) -> int:
+    """Reads into `dst` from `offset` until it is full or the file ends; the bytes read."""
     got = 0
     while got < len(dst):
         try:
-            data = os.pread(fd, len(dst) - got, offset + got) if hasattr(os, "pread") else \
-                _seek_read(fd, len(dst) - got, offset + got)
+            if hasattr(os, "preadv"):  # straight into dst
+                n = os.preadv(fd, [dst[got:]], offset + got)
+            else:
+                data = pread(fd, len(dst) - got, offset + got)
+                n = len(data)
+                dst[got:got + n] = data
         except InterruptedError:
             continue
-        if not data:
+        if n <= 0:
             break
-        dst[got:got + len(data)] = data
-        got += len(data)
+        got += n
     return got
+
+
+def pread(fd: int, n: int, offset: int) -> bytes:
+    """`os.pread`, or where there is none (Windows) a seek and a read: every descriptor read
+    this way is this call's own."""
+    return os.pread(fd, n, offset) if hasattr(os, "pread") else _seek_read(fd, n, offset)
 
 
 def _seek_read(fd: int, n: int, offset: int) -> bytes:

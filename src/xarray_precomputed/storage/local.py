@@ -103,7 +103,8 @@ class LocalStore(Store):
     def _open(self, key: str) -> tuple[int, int] | None:
         """(read-only descriptor, size) of the file `key`, or None if there is none."""
         try:
-            fd = os.open(self._path(key), os.O_RDONLY)
+            # binary on Windows, where os.open's default is text mode
+            fd = os.open(self._path(key), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as e:
@@ -209,12 +210,7 @@ class LocalStore(Store):
             if suffix or size > SCRATCH_MAX_BYTES:
                 return consume(self._whole(key, fd, size, suffix, limit))
             view = _scratch_view(size)
-            got = 0
-            while got < size:  # a read may return early on some file systems
-                n = os.preadv(fd, [view[got:size]], got)
-                if n <= 0:
-                    break
-                got += n
+            got = fileread_fallback.pread_into(fd, view[:size], 0)
         with view[:got] as data:
             return consume(data)
 
@@ -419,12 +415,12 @@ class LocalStore(Store):
         n = end - start
         if n <= 0:
             return b""
-        data = os.pread(fd, n, start)
+        data = fileread_fallback.pread(fd, n, start)
         if len(data) < n and data:  # pread may return early on some file systems
             parts = [data]
             got = len(data)
             while got < n:
-                more = os.pread(fd, n - got, start + got)
+                more = fileread_fallback.pread(fd, n - got, start + got)
                 if not more:
                     break
                 parts.append(more)
