@@ -14,6 +14,7 @@ from oracle import make_data, ts_read, write_volume
 
 from xarray_precomputed import Volume
 from xarray_precomputed.reading.result_memory import (
+    ARENA_BYTES,
     HUGE_PAGE,
     OFFSET,
     SCAN,
@@ -117,8 +118,9 @@ def test_a_free_buffer_of_the_size_is_found_before_other_sizes_are_unmapped():
     assert pool.created == n + 1 and pool.held_bytes == pool.max_bytes   # nothing unmapped
 
 
-def test_threads_never_share_a_live_buffer():
-    pool = ResultMemory(max_bytes=8 << 20)
+@pytest.mark.parametrize("arena", [0, ARENA_BYTES], ids=["own-mappings", "arenas"])
+def test_threads_never_share_a_live_buffer(arena):
+    pool = ResultMemory(max_bytes=8 << 20, arena_bytes=arena)
     errors: list[str] = []
 
     def work(tag: int) -> None:
@@ -140,6 +142,41 @@ def test_threads_never_share_a_live_buffer():
         t.join()
     assert not errors
     assert pool.reused > 0 and pool.held_bytes <= 8 << 20
+
+
+def test_buffers_of_a_middle_size_are_cut_from_one_arena():
+    pool = ResultMemory(arena_bytes=ARENA_BYTES)
+    per = -(-(64 ** 3 + OFFSET) // mmap.PAGESIZE) * mmap.PAGESIZE
+    held = [pool.empty(SHAPE, np.uint8) for _ in range(ARENA_BYTES // per)]
+    assert pool.created == len(held) and pool.held_bytes == ARENA_BYTES   # one mapping
+    starts = sorted(h.ctypes.data for h in held)
+    assert all(a % mmap.PAGESIZE == OFFSET for a in starts)
+    assert all(b - a == per for a, b in zip(starts, starts[1:]))
+    for k, h in enumerate(held):
+        h[...] = k
+    assert all((h == k).all() for k, h in enumerate(held))
+    more = pool.empty(SHAPE, np.uint8)   # the arena is full: a second one
+    assert pool.held_bytes == 2 * ARENA_BYTES and not any(np.shares_memory(more, h) for h in held)
+    freed = held[3].ctypes.data
+    del held[3]
+    again = [pool.empty(SHAPE, np.uint8) for _ in range(ARENA_BYTES // per)]
+    assert freed in {a.ctypes.data for a in again} and pool.reused == 1
+    # past half an arena, a buffer is a mapping of its own
+    big = pool.empty((160, 128, 128, 1), np.uint8)
+    assert pool.held_bytes == 2 * ARENA_BYTES + big.nbytes + mmap.PAGESIZE
+
+
+def test_an_arena_is_unmapped_only_when_none_of_its_buffers_is_in_use():
+    pool = ResultMemory(max_bytes=ARENA_BYTES, arena_bytes=ARENA_BYTES)
+    one = pool.empty(SHAPE, np.uint8)
+    other = pool.empty((64, 64, 128, 1), np.uint8)   # another size: no room while `one` lives
+    assert _numpys(other) and pool.created == 1 and pool.held_bytes == ARENA_BYTES
+    one[...] = 5
+    del one
+    other = pool.empty((64, 64, 128, 1), np.uint8)
+    assert not _numpys(other) and pool.created == 2 and pool.held_bytes == ARENA_BYTES
+    other[...] = 6
+    assert (other == 6).all()
 
 
 def test_reads_into_reused_memory_match_tensorstore(tmp_path):
@@ -229,6 +266,8 @@ def test_buffers_of_a_dask_block_ask_for_huge_pages_from_an_aligned_start():
         assert a.ctypes.data % HUGE_PAGE == OFFSET
         assert "hg" in _vm_flags(a.ctypes.data + a.nbytes - 1 - (a.nbytes - 1) % mmap.PAGESIZE)
     assert not result.any()
+    cut = ResultMemory(arena_bytes=ARENA_BYTES).empty(SHAPE, np.uint8)   # from a 4 MiB arena
+    assert "hg" in _vm_flags(cut.ctypes.data) and cut.ctypes.data % HUGE_PAGE == OFFSET
     big[...] = 3
     beyond[...] = 4
     assert (big == 3).all() and (beyond == 4).all() and not np.shares_memory(big, beyond)

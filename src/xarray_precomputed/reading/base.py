@@ -29,7 +29,7 @@ from ..storage import Store, open_store, store_options_key
 from ..util import IO_THREADS, settle, wait_all
 from .chunk_cache import ChunkCacheLike, read_through
 from .missing import settle_missing
-from .result_memory import ResultMemory, on_a_line
+from .result_memory import ARENA_BYTES, ResultMemory, on_a_line
 from .selection import (
     as_index,
     axis_parts,
@@ -124,7 +124,7 @@ def allocate_result(shape, dtype, order: str = "C") -> tuple[np.ndarray, bool]:
     return on_a_line(shape, dtype, order, zeroed=True), True
 
 
-result_memory = ResultMemory()
+result_memory = ResultMemory(arena_bytes=ARENA_BYTES)
 # tests wrap it with an allocator that fills in garbage
 _allocate_small: Callable[..., np.ndarray] = result_memory.empty
 
