@@ -10,20 +10,20 @@ every worker with `MALLOC_TRIM_THRESHOLD_=65536`, which fixes those thresholds f
 page faults per worker in five reductions of seg, a third of the reduction's time). Memory of our
 own, reused while it is free, does not depend on how the process tunes its allocator.
 
-Each hand-out wraps its buffer in an owner object of its own (a ctypes view of the mapping) that
-every array made from it refers to, directly or through the array it views; when the last of
-them is gone the owner's finalizer marks the buffer free. So no array outlives its memory and a
-buffer is never handed out twice while one is alive, without counting references (which the
-interpreter does not promise to report exactly, least of all a free-threaded one). Total memory
-held is bounded; beyond it, and for sizes glibc keeps on its heap anyway, results come from numpy
-as before.
+Each hand-out wraps its buffer in an owner object of its own (a ctypes view of its part of a
+mapping) that every array made from it refers to, directly or through the array it views; when
+the last of them is gone the owner's finalizer marks the buffer free. So no array outlives its
+memory and a buffer is never handed out twice while one is alive, without counting references
+(which the interpreter does not promise to report exactly, least of all a free-threaded one).
+Total memory held is bounded; beyond it results come from numpy (on a 64-byte line) or, from
+4 MiB, a mapping of their own, and for sizes glibc keeps on its heap anyway from numpy as before.
 
 A look for a free buffer starts after the last one handed out and checks a few at most: blocks
 are mostly let go in the order they were taken, and a `.values` through dask keeps every block
 alive until dask joins them (with 200 buffers in use, checking them all cost 12-16 us a block).
-A miss maps a new buffer while the pool has room (a free one elsewhere is found by a later
-look, as the start moves on), and looks at every buffer of its size before unmapping other
-sizes' free ones.
+A miss maps a new buffer while the pool has room (or an arena of them: `arena_bytes`), a free
+one elsewhere being found by a later look as the start moves on, and looks at every buffer of its
+size before unmapping other sizes' mappings that no array uses.
 """
 
 from __future__ import annotations
