@@ -124,8 +124,7 @@ class ResultMemory:
             return on_a_line(shape, dtype, order)
         owner = (ctypes.c_char * size).from_buffer(entry[0].mapping, entry[2])
         weakref.finalize(owner, _release, entry)
-        return np.frombuffer(owner, dtype, count=count,  # type: ignore[call-overload]
-                             offset=OFFSET).reshape(shape, order=order)
+        return _array_in(owner, shape, dtype, order)
 
     @property
     def held_bytes(self) -> int:
@@ -198,12 +197,18 @@ def on_a_line(shape: tuple[int, ...], dtype, order: str = "C", *,
     nbytes = math.prod(shape) * dtype.itemsize
     if _huge(nbytes):
         mapping, lead = _mapping(nbytes + OFFSET)   # fresh pages are zero
-        owner = (ctypes.c_char * len(mapping)).from_buffer(mapping)
-        return np.frombuffer(owner, dtype, count=math.prod(shape),  # type: ignore[call-overload]
-                             offset=lead + OFFSET).reshape(shape, order=order)
+        owner = (ctypes.c_char * (len(mapping) - lead)).from_buffer(mapping, lead)
+        return _array_in(owner, shape, dtype, order)
     raw = (np.zeros if zeroed else np.empty)(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + nbytes].view(dtype).reshape(shape, order=order)
+
+
+def _array_in(owner, shape: tuple[int, ...], dtype: np.dtype, order: str) -> np.ndarray:
+    """The array of `shape` OFFSET bytes into `owner`, a ctypes view of part of a mapping that
+    every view of the array keeps alive."""
+    return np.frombuffer(owner, dtype, count=math.prod(shape),  # type: ignore[call-overload]
+                         offset=OFFSET).reshape(shape, order=order)
 
 
 def _huge(size: int) -> bool:
